@@ -1,0 +1,80 @@
+"""Converters: one small protocol, one module per format, heavy imports inside each.
+
+A converter gets a verified source snapshot, its options and an empty artifact directory on
+the store's filesystem; it writes the artifact tree there, verifies it against the source and
+returns what it found. The registry knows nothing format-specific.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from manifests import Format, GGUFRequirements, SourceInfo, TensorRTRequirements, Verification
+from registry.errors import UsageError
+from registry.progress import Progress
+
+#: Place a source file into the artifact tree (hard link from the cache or verified copy); returns its sha256.
+PlaceFile = Callable[[Path, str, str], str]
+
+
+@dataclass(frozen=True)
+class ConversionRequest:
+    """Everything a converter may use."""
+
+    source: SourceInfo
+    source_files: Callable[[str], Path]
+    options: dict[str, Any]
+    workdir: Path
+    progress: Progress
+    place: PlaceFile
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    """What a converter produced: digests it already knows, its verification, what the artifact needs."""
+
+    verification: Verification
+    known_digests: dict[str, str] = field(default_factory=dict)
+    requirements: TensorRTRequirements | GGUFRequirements | None = None
+    tool_versions: dict[str, str] = field(default_factory=dict)
+
+
+class Converter(Protocol):
+    """A format converter."""
+
+    format: ClassVar[Format]
+    name: ClassVar[str]
+    version: ClassVar[str]
+
+    def options(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """Validate and normalize options; the result is part of the conversion key."""
+
+    def tool_versions(self) -> dict[str, str]:
+        """Versions of the tools whose output this converter's result depends on."""
+
+    def convert(self, request: ConversionRequest) -> ConversionResult:
+        """Write the artifact into `request.workdir` and verify it against the source."""
+
+
+_MODULES: dict[str, str] = {"hf": "converters.hf"}
+
+
+def get(fmt: str) -> Converter:
+    """The converter for a format, imported on first use."""
+    module = _MODULES.get(fmt)
+    if module is None:
+        raise UsageError(
+            f"no converter for format {fmt!r}",
+            hint=f"formats available in this install: {', '.join(sorted(_MODULES))}",
+        )
+    converter: Converter = importlib.import_module(module).CONVERTER
+    return converter
+
+
+def available() -> list[str]:
+    """Formats with a converter."""
+    return sorted(_MODULES)

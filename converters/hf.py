@@ -1,0 +1,52 @@
+"""The identity format `hf`: the safetensors snapshot as is, what vLLM and TGI mount."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from converters import ConversionRequest, ConversionResult
+from manifests import Format, Verification
+from registry.errors import UsageError
+
+
+class HFConverter:
+    """Places every source file in the artifact tree unchanged, and checks each digest."""
+
+    format: ClassVar[Format] = "hf"
+    name: ClassVar[str] = "mreg.hf"
+    version: ClassVar[str] = "1"
+
+    def options(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """The identity format takes no options."""
+        if raw:
+            raise UsageError(f"--to hf takes no options (got {', '.join(sorted(raw))})", hint="use plain --to hf")
+        return {}
+
+    def tool_versions(self) -> dict[str, str]:
+        """No tool touches the bytes."""
+        return {}
+
+    def convert(self, request: ConversionRequest) -> ConversionResult:
+        """Link (or copy) each source file into the tree; the digest of each must equal the source's."""
+        known: dict[str, str] = {}
+        mismatched: list[str] = []
+        for f in request.source.files:
+            digest = request.place(request.source_files(f.path), f.path, f.sha256)
+            known[f.path] = digest
+            if digest != f.sha256:
+                mismatched.append(f.path)
+        return ConversionResult(
+            verification=Verification(
+                status="failed" if mismatched else "passed",
+                method="identity: the sha256 of every file equals the verified source snapshot",
+                reference=f"{request.source.repo}@{request.source.commit}",
+                inputs=tuple(f.path for f in request.source.files),
+                metrics={"files": float(len(known)), "mismatched_files": float(len(mismatched))},
+                tolerance={"mismatched_files": 0.0},
+                detail=("mismatched: " + ", ".join(mismatched)) if mismatched else None,
+            ),
+            known_digests=known,
+        )
+
+
+CONVERTER = HFConverter()

@@ -1,0 +1,170 @@
+"""The records mreg writes: version manifests, alias records, history entries, pull records.
+
+Every model is frozen and forbids unknown fields, so that a file written by a newer mreg
+fails loudly instead of being half-understood. `schema_version` changes on any breaking change.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION: Literal[1] = 1
+
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+def _check_relative(path: str) -> str:
+    parts = path.split("/")
+    if not path or path.startswith("/") or "\\" in path or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"not a safe relative path: {path!r}")
+    return path
+
+
+RelPath = Annotated[str, AfterValidator(_check_relative)]
+Format = Literal["hf", "onnx", "tensorrt", "gguf"]
+JSONValue = Any
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FileEntry(_Record):
+    """One file of an artifact tree, relative to the artifact's directory."""
+
+    path: RelPath
+    size: int = Field(ge=0)
+    sha256: Sha256
+
+
+class SourceFile(FileEntry):
+    """One file of a source snapshot, with what the hub said about it."""
+
+    lfs: bool = False
+    git_blob_id: str | None = None
+
+
+class SourceInfo(_Record):
+    """Where a version came from: a hub repository pinned to a commit, or a local directory."""
+
+    kind: Literal["hub", "local"]
+    repo: str
+    requested_revision: str | None = None
+    commit: str
+    endpoint: str | None = None
+    files: tuple[SourceFile, ...]
+
+
+class ConverterInfo(_Record):
+    """Which converter made an artifact."""
+
+    name: str
+    version: str
+
+
+class Verification(_Record):
+    """How an artifact was checked against its source, and the numbers."""
+
+    status: Literal["passed", "failed", "unverified"]
+    method: str
+    reference: str
+    inputs: tuple[str, ...] = ()
+    metrics: dict[str, float] = Field(default_factory=dict)
+    tolerance: dict[str, float] = Field(default_factory=dict)
+    detail: str | None = None
+
+
+class TensorRTRequirements(_Record):
+    """What a TensorRT engine needs to load."""
+
+    kind: Literal["tensorrt"] = "tensorrt"
+    backend: Literal["tensorrt", "tensorrt-rtx"]
+    tensorrt_version: str
+    cuda: str | None = None
+    compute_capabilities: tuple[str, ...]
+    hardware_compatibility: str = "none"
+    version_compatible: bool = False
+    precision: str
+    built_on_gpu: str | None = None
+    profiles: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = Field(default_factory=dict)
+
+
+class GGUFRequirements(_Record):
+    """What a GGUF file needs to load."""
+
+    kind: Literal["gguf"] = "gguf"
+    architecture: str
+    quantization: str
+
+
+class Artifact(_Record):
+    """One format of a version: its files, how it was made, what it needs, how it was verified."""
+
+    format: Format
+    path: RelPath
+    files: tuple[FileEntry, ...]
+    converter: ConverterInfo
+    options: dict[str, JSONValue] = Field(default_factory=dict)
+    tool_versions: dict[str, str] = Field(default_factory=dict)
+    duration_s: float = Field(ge=0)
+    requirements: Annotated[TensorRTRequirements | GGUFRequirements, Field(discriminator="kind")] | None = None
+    verification: Verification
+
+
+class Provenance(_Record):
+    """Who made a record, when, on what host, with which mreg."""
+
+    user: str
+    host: str
+    at: dt.datetime
+    mreg_version: str
+    python: str
+
+
+class Manifest(_Record):
+    """A complete, immutable version of a model: written last, its presence publishes the version."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str
+    version: int = Field(ge=1)
+    key: Sha256
+    parent: int | None = None
+    source: SourceInfo
+    artifacts: tuple[Artifact, ...]
+    created: Provenance
+
+
+class HistoryEntry(_Record):
+    """One alias change, appended to `history.jsonl`."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    alias: str
+    action: Literal["promote", "rollback", "repair"]
+    from_version: int | None = Field(alias="from")
+    to_version: int = Field(alias="to")
+    reason: str | None = None
+    by: Provenance
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class AliasRecord(_Record):
+    """The state of one alias, as `mreg show` and remote stores report it."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str
+    alias: str
+    version: int
+    manifest_sha256: Sha256
+
+
+class PullRecord(_Record):
+    """What `mreg pull` verified about a cached snapshot, kept beside the hub cache."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    source: SourceInfo
+    skipped: tuple[str, ...] = ()
+    pulled: Provenance

@@ -1,0 +1,84 @@
+"""Crash-safe writes: temp name in the destination's directory, fsync, rename."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from registry.errors import InsufficientSpace
+
+
+def temp_name(dest: Path, tag: str = "tmp") -> Path:
+    """A unique sibling name for `dest`, hidden and marked with our pid."""
+    return dest.with_name(f".{dest.name}.{tag}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (renames, links) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes(dest: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Atomically replace `dest` with `data`."""
+    tmp = temp_name(dest)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, dest)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise_if_full(e, dest.parent)
+        raise
+    fsync_dir(dest.parent)
+
+
+def append_line(dest: Path, line: str) -> None:
+    """Append one line durably (callers serialize appenders)."""
+    data = (line.rstrip("\n") + "\n").encode()
+    fd = os.open(dest, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def raise_if_full(e: OSError, where: Path) -> None:
+    """Turn ENOSPC / EDQUOT into InsufficientSpace with a next step."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise InsufficientSpace(
+            f"no space left on the filesystem of {where}",
+            hint="free space there (e.g. `mreg gc --yes`) or point the store/cache at a larger disk",
+        ) from e
+
+
+@contextlib.contextmanager
+def flock(path: Path, *, shared: bool = False, blocking: bool = True) -> Iterator[bool]:
+    """Hold an advisory lock on `path` (created if needed); yields whether it was acquired."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        flags = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        if not blocking:
+            flags |= fcntl.LOCK_NB
+        try:
+            fcntl.flock(fd, flags)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

@@ -1,0 +1,511 @@
+"""The `mreg` command: parse, call the library, render. The one place errors become exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from registry import __version__
+from registry.errors import EXIT_CODES, MregError, UsageError
+from registry.output import BarProgress, Output, human_size, table
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EPILOG = "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + "."
+
+
+class MregGroup(click.Group):
+    """A click group whose invoke is mreg's error boundary."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; map MregError to one line, a hint and its exit code."""
+        try:
+            return super().invoke(ctx)
+        except MregError as e:
+            if os.environ.get("MREG_DEBUG"):
+                traceback.print_exc()
+            Output(_json_requested(ctx)).error(e)
+            ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            sys.stderr.write("interrupted; nothing partial was published\n")
+            ctx.exit(130)
+
+
+def _json_requested(ctx: click.Context) -> bool:
+    return bool(ctx.meta.get("mreg.json")) or "--json" in sys.argv
+
+
+def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta["mreg.json"] = True
+    return value
+
+
+def json_option(f: F) -> F:
+    """`--json`: one JSON document on stdout, no progress bars."""
+    return click.option("--json", "as_json", is_flag=True, is_eager=True, callback=_set_json,
+                        help="Print one JSON document (with schema_version) instead of text; no progress bars.")(f)
+
+
+def config_option(f: F) -> F:
+    """`--config`."""
+    return click.option("--config", "config_path", metavar="FILE", envvar="MREG_CONFIG",
+                        help="Config file (TOML). Default: $XDG_CONFIG_HOME/mreg/config.toml.")(f)
+
+
+def store_option(f: F) -> F:
+    """`--store`."""
+    return click.option("--store", metavar="DIR", help="Store root. Else $MREG_STORE, else `store` in the config file.")(f)
+
+
+def cache_option(f: F) -> F:
+    """`--cache-dir`."""
+    return click.option("--cache-dir", metavar="DIR",
+                        help="Cache root. Else $MREG_CACHE_DIR, else `cache_dir` in the config file.")(f)
+
+
+def _settings(config_path: str | None, cache_dir: str | None = None, store: str | None = None) -> Any:
+    from registry import config
+
+    return config.load(config_path, cache_dir, store)
+
+
+def _local_store(settings: Any) -> Any:
+    from registry.store import LocalStore
+
+    location = settings.require_store()
+    if location.startswith("s3://"):
+        raise UsageError("S3 stores are not supported by this build yet", hint="use a local store directory")
+    return LocalStore(Path(location))
+
+
+def _progress(as_json: bool) -> BarProgress:
+    return BarProgress(enabled=not as_json and sys.stderr.isatty())
+
+
+def _quiet_hub(as_json: bool) -> None:
+    if as_json or not sys.stderr.isatty():
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+
+
+@click.group(cls=MregGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mreg")
+def main() -> None:
+    """mreg: pull models into an explicit cache, convert and verify them, publish immutable
+    versions to a store, and release them with atomic alias flips.
+
+    \b
+    The loop:
+      mreg pull Qwen/Qwen2.5-7B-Instruct            # into --cache-dir, pinned to a commit
+      mreg convert Qwen/Qwen2.5-7B-Instruct --to hf --name qwen   # new version in --store
+      mreg promote qwen@1                           # production -> versions/1, atomically
+      mreg resolve qwen@production --format hf      # the path a serving engine mounts
+      mreg rollback qwen                            # production back to where it was
+    """
+
+
+@main.command("config")
+@config_option
+@cache_option
+@store_option
+@json_option
+def config_cmd(config_path: str | None, cache_dir: str | None, store: str | None, as_json: bool) -> None:
+    """Show where the cache and the store are, and where each setting came from."""
+    s = _settings(config_path, cache_dir, store)
+    doc = {
+        "config_file": str(s.config_path),
+        "config_file_exists": s.config_exists,
+        "cache_dir": {"value": s.cache_dir.value, "origin": s.cache_dir.origin},
+        "store": {"value": s.store.value, "origin": s.store.origin},
+        "hf_endpoint": os.environ.get("HF_ENDPOINT"),
+    }
+    Output(as_json).result(doc, lambda: "\n".join([
+        f"config file  {s.config_path}{'' if s.config_exists else ' (absent)'}",
+        f"cache dir    {s.cache_dir.value or '(not set)'}  [{s.cache_dir.origin}]",
+        f"store        {s.store.value or '(not set)'}  [{s.store.origin}]",
+        f"hub endpoint {os.environ.get('HF_ENDPOINT') or 'https://huggingface.co (default)'}",
+    ]))
+
+
+def pull_options(f: F) -> F:
+    """Options shared by pull and convert."""
+    for opt in reversed([
+        click.option("--include", multiple=True, metavar="GLOB", help="Only files matching (repeatable)."),
+        click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files matching (repeatable)."),
+        click.option("--allow-pickle", is_flag=True,
+                     help="Also fetch pickle weights (.bin/.pt/.pth/.ckpt/.pkl); they can run code when loaded."),
+        click.option("--offline", is_flag=True, help="Use only the cache; never contact the hub."),
+        click.option("--endpoint", envvar="HF_ENDPOINT", metavar="URL", help="Hub endpoint (default $HF_ENDPOINT)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _do_pull(cache: Path, source: str, include: tuple[str, ...], exclude: tuple[str, ...], allow_pickle: bool,
+             offline: bool, endpoint: str | None, as_json: bool) -> Any:
+    from registry.cache import pull
+
+    _quiet_hub(as_json)
+    return pull(cache, source, include=include, exclude=exclude, allow_pickle=allow_pickle, offline=offline,
+                endpoint=endpoint, progress=_progress(as_json))
+
+
+def _snapshot_doc(snap: Any) -> dict[str, Any]:
+    src = snap.record.source
+    return {
+        "repo": src.repo, "kind": src.kind, "revision": src.requested_revision, "commit": src.commit,
+        "cache_dir": str(snap.cache), "snapshot": str(snap.path), "files": len(src.files),
+        "bytes": sum(f.size for f in src.files), "downloaded_bytes": snap.downloaded_bytes,
+        "from_cache": snap.reused, "skipped": list(snap.record.skipped),
+    }
+
+
+@main.command()
+@click.argument("source", metavar="REPO[@REVISION] | ./DIR | file:///DIR")
+@config_option
+@cache_option
+@pull_options
+@json_option
+def pull(source: str, config_path: str | None, cache_dir: str | None, include: tuple[str, ...],
+         exclude: tuple[str, ...], allow_pickle: bool, offline: bool, endpoint: str | None, as_json: bool) -> None:
+    """Download a hub repository (or import a local directory) into the cache, pinned and verified.
+
+    Every file is checked against the hub's sha256 (LFS) or git blob id; free space is checked
+    before the first byte; pickle weights are skipped unless --allow-pickle. A commit already in
+    the cache is served without network.
+    """
+    cache = _settings(config_path, cache_dir).require_cache()
+    snap = _do_pull(cache, source, include, exclude, allow_pickle, offline, endpoint, as_json)
+    doc = _snapshot_doc(snap)
+    Output(as_json).result(doc, lambda: "\n".join(filter(None, [
+        f"✓ {doc['repo']}@{doc['commit'][:12]} ({doc['files']} files, {human_size(doc['bytes'])}"
+        f"{', from cache' if snap.reused else ', ' + human_size(snap.downloaded_bytes) + ' downloaded'})",
+        f"  cache    {cache}",
+        f"  snapshot {snap.path}",
+        f"  skipped  {', '.join(snap.record.skipped)}" if snap.record.skipped else "",
+    ])))
+
+
+def _parse_target(text: str) -> tuple[str, dict[str, Any]]:
+    fmt, _, spec = text.partition(":")
+    return fmt, ({"spec": spec} if spec else {})
+
+
+@main.command()
+@click.argument("source", metavar="REPO[@REVISION] | ./DIR")
+@click.option("--to", "targets", multiple=True, required=True, metavar="FORMAT[:SPEC]",
+              help="Target format (repeatable; all share one read of the source). Available: hf.")
+@click.option("--name", required=True, help="Model name in the store.")
+@click.option("--copy", is_flag=True,
+              help="Copy files into the store instead of hard-linking them from the cache.")
+@config_option
+@cache_option
+@store_option
+@pull_options
+@json_option
+def convert(source: str, targets: tuple[str, ...], name: str, copy: bool, config_path: str | None,
+            cache_dir: str | None, store: str | None, include: tuple[str, ...], exclude: tuple[str, ...],
+            allow_pickle: bool, offline: bool, endpoint: str | None, as_json: bool) -> None:
+    """Convert a source (pulled into the cache first if needed) into a new, verified version.
+
+    The same conversion (same source bytes, converter, options and tool versions) run again
+    returns the existing version without new work.
+    """
+    from registry.convert import convert as run_convert
+
+    settings = _settings(config_path, cache_dir, store)
+    st = _local_store(settings)
+    cache = settings.require_cache()
+    snap = _do_pull(cache, source, include, exclude, allow_pickle, offline, endpoint, as_json)
+    outcome = run_convert(st, snap, name, [_parse_target(t) for t in targets], copy=copy,
+                          progress=_progress(as_json))
+    v = outcome.version
+    doc = {
+        "name": name, "version": v.number, "reused": outcome.reused, "path": v.path,
+        "manifest_sha256": v.manifest_sha256, "key": v.manifest.key,
+        "formats": [a.format for a in v.manifest.artifacts],
+        "verification": {a.format: a.verification.status for a in v.manifest.artifacts},
+        "source": {"repo": snap.record.source.repo, "commit": snap.record.source.commit},
+        "duration_s": round(outcome.duration_s, 3),
+    }
+    verb = "exists" if outcome.reused else "published"
+    Output(as_json).result(doc, lambda: "\n".join([
+        f"✓ {name}@{v.number} {verb} ({', '.join(doc['formats'])}; verification "
+        + ", ".join(f"{k} {s}" for k, s in doc["verification"].items()) + ")",
+        f"  path     {v.path}",
+        f"  manifest sha256:{v.manifest_sha256[:16]}",
+    ]))
+
+
+@main.command("list")
+@click.argument("name", required=False)
+@config_option
+@store_option
+@json_option
+def list_cmd(name: str | None, config_path: str | None, store: str | None, as_json: bool) -> None:
+    """List the models in the store, or the versions of one model."""
+    st = _local_store(_settings(config_path, store=store))
+    out = Output(as_json)
+    if name is None:
+        models = [{"name": m, "versions": len(st.versions(m)), "aliases": st.aliases(m)} for m in st.models()]
+        out.result({"store": st.location, "models": models}, lambda: table(
+            [[m["name"], str(m["versions"]), ", ".join(f"{a}→{n}" for a, n in m["aliases"].items())]
+             for m in models], ["MODEL", "VERSIONS", "ALIASES"]) if models else "(no models)")
+        return
+    from registry.errors import ModelNotFound
+    from registry.refs import check_name
+
+    check_name(name)
+    if name not in st.models():
+        raise ModelNotFound(name)
+    aliases = st.aliases(name)
+    rows = []
+    for n in st.versions(name):
+        v = st.version(name, n)
+        m = v.manifest
+        rows.append({
+            "version": n, "formats": [a.format for a in m.artifacts],
+            "aliases": sorted(a for a, t in aliases.items() if t == n),
+            "source": f"{m.source.repo}@{m.source.commit[:12]}", "created": m.created.at.isoformat(),
+            "manifest_sha256": v.manifest_sha256, "bytes": sum(f.size for a in m.artifacts for f in a.files),
+        })
+    out.result({"name": name, "versions": rows}, lambda: table(
+        [[str(r["version"]), ",".join(r["formats"]), ",".join(r["aliases"]), r["source"],
+          human_size(r["bytes"]), r["created"][:19], r["manifest_sha256"][:12]] for r in rows],
+        ["VERSION", "FORMATS", "ALIASES", "SOURCE", "SIZE", "CREATED", "MANIFEST"]))
+
+
+@main.command()
+@click.argument("ref", metavar="NAME[@REF]")
+@config_option
+@store_option
+@json_option
+def show(ref: str, config_path: str | None, store: str | None, as_json: bool) -> None:
+    """Show a version's manifest (REF: number, alias, `latest`, or manifest digest prefix)."""
+    from registry.refs import parse_ref
+    from registry.store import manifest_json
+
+    st = _local_store(_settings(config_path, store=store))
+    v = st.resolve(parse_ref(ref))
+    aliases = sorted(a for a, n in st.aliases(v.name).items() if n == v.number)
+    doc = {"name": v.name, "version": v.number, "path": v.path, "manifest_sha256": v.manifest_sha256,
+           "aliases": aliases, "manifest": manifest_json(v.manifest)}
+    m = v.manifest
+
+    def human() -> str:
+        lines = [f"{v.name}@{v.number}  {', '.join(aliases)}".rstrip(),
+                 f"  manifest  sha256:{v.manifest_sha256}",
+                 f"  path      {v.path}",
+                 f"  source    {m.source.repo}@{m.source.commit} ({m.source.kind}, {len(m.source.files)} files)",
+                 f"  created   {m.created.at.isoformat()} by {m.created.user}@{m.created.host}",
+                 f"  key       {m.key}"]
+        for a in m.artifacts:
+            size = sum(f.size for f in a.files)
+            lines.append(f"  {a.format:<9} {len(a.files)} files, {human_size(size)}, {a.converter.name} "
+                         f"{a.converter.version}, verification {a.verification.status}: {a.verification.method}")
+        return "\n".join(lines)
+
+    Output(as_json).result(doc, human)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--alias", default=None, help="Only this alias.")
+@config_option
+@store_option
+@json_option
+def history(name: str, alias: str | None, config_path: str | None, store: str | None, as_json: bool) -> None:
+    """Show every alias change of a model: who, when, from, to, why."""
+    from registry.refs import check_name
+
+    check_name(name)
+    st = _local_store(_settings(config_path, store=store))
+    entries = [e for e in st.history(name) if alias is None or e.alias == alias]
+    docs = [e.model_dump(mode="json", by_alias=True) for e in entries]
+    Output(as_json).result({"name": name, "entries": docs}, lambda: table(
+        [[e.by.at.isoformat()[:19], e.alias, e.action, str(e.from_version or "-"), str(e.to_version),
+          f"{e.by.user}@{e.by.host}", e.reason or ""] for e in entries],
+        ["WHEN", "ALIAS", "ACTION", "FROM", "TO", "BY", "WHY"]) if entries else "(no alias changes)")
+
+
+def _change_doc(c: Any) -> dict[str, Any]:
+    return {"name": c.name, "alias": c.alias, "from": c.from_version, "to": c.to_version, "changed": c.changed,
+            "action": c.action}
+
+
+def _change_text(c: Any) -> str:
+    if not c.changed:
+        return f"✓ {c.name} {c.alias} already at {c.to_version}; nothing changed"
+    return f"✓ {c.name} {c.alias}: {c.from_version if c.from_version is not None else '(unset)'} → {c.to_version}"
+
+
+@main.command()
+@click.argument("ref", metavar="NAME@VERSION")
+@click.option("--alias", default="production", show_default=True, help="Alias to move.")
+@click.option("--expect", metavar="VERSION|none", help="Only if the alias currently points here (else exit 5).")
+@click.option("-m", "--message", help="Why (recorded in the history).")
+@click.option("--require", multiple=True, metavar="FORMAT", help="Refuse unless the version has this format.")
+@click.option("--force", is_flag=True, help="Promote even when a gate refuses.")
+@config_option
+@store_option
+@json_option
+def promote(ref: str, alias: str, expect: str | None, message: str | None, require: tuple[str, ...], force: bool,
+            config_path: str | None, store: str | None, as_json: bool) -> None:
+    """Point an alias at a version with one atomic symlink flip, and record it in the history.
+
+    Gates: a version whose verification failed, or without a --require'd format, is refused
+    (exit 6) unless --force. Promoting to the current target changes nothing.
+    """
+    from registry.aliases import parse_expect
+    from registry.aliases import promote as run_promote
+    from registry.refs import parse_ref
+
+    st = _local_store(_settings(config_path, store=store))
+    r = parse_ref(ref)
+    change = run_promote(st, r.name, st.resolve(r), alias=alias, expect=parse_expect(expect), reason=message,
+                         force=force, require=require)
+    Output(as_json).result(_change_doc(change), _change_text(change))
+
+
+@main.command()
+@click.argument("name")
+@click.option("--alias", default="production", show_default=True, help="Alias to move back.")
+@click.option("--to", "to", type=int, help="Go to this version instead of the previous one.")
+@click.option("--expect", metavar="VERSION", help="Only if the alias currently points here (else exit 5).")
+@click.option("-m", "--message", help="Why (recorded in the history).")
+@config_option
+@store_option
+@json_option
+def rollback(name: str, alias: str, to: int | None, expect: str | None, message: str | None,
+             config_path: str | None, store: str | None, as_json: bool) -> None:
+    """Move an alias back to the version it pointed at before; repeat to walk further back."""
+    from registry.aliases import parse_expect
+    from registry.aliases import rollback as run_rollback
+
+    st = _local_store(_settings(config_path, store=store))
+    change = run_rollback(st, name, alias=alias, to=to, expect=parse_expect(expect), reason=message)
+    Output(as_json).result(_change_doc(change), _change_text(change))
+
+
+@main.command()
+@click.argument("ref", metavar="NAME[@REF]")
+@click.option("--format", "fmt", default="hf", show_default=True, help="Artifact format.")
+@click.option("--physical", is_flag=True, help="Print the version directory instead of the alias path.")
+@config_option
+@store_option
+@json_option
+def resolve(ref: str, fmt: str, physical: bool, config_path: str | None, store: str | None, as_json: bool) -> None:
+    """Print the path a serving engine should mount for a version's artifact.
+
+    For an alias (NAME@production) this is the alias path, which follows promotions and
+    rollbacks; for a number it is the immutable version directory.
+    """
+    from registry import layout
+    from registry.errors import NotFound
+    from registry.refs import parse_ref
+
+    st = _local_store(_settings(config_path, store=store))
+    r = parse_ref(ref, default="production")
+    v = st.resolve(r)
+    art = next((a for a in v.manifest.artifacts if a.format == fmt), None)
+    if art is None:
+        have = ", ".join(a.format for a in v.manifest.artifacts)
+        raise NotFound(f"{v.name}@{v.number} has no {fmt} artifact (it has {have})",
+                       hint=f"run `mreg convert ... --to {fmt} --name {v.name}`")
+    is_alias = r.number is None and st.alias(r.name, r.ref) is not None
+    base = layout.alias_path(st.root, v.name, r.ref) if is_alias and not physical else Path(v.path)
+    path = base / art.path
+    doc = {"name": v.name, "version": v.number, "format": fmt, "path": str(path),
+           "version_path": str(Path(v.path) / art.path), "alias": r.ref if is_alias else None}
+    Output(as_json).result(doc, str(path))
+
+
+@main.command()
+@click.argument("refs", nargs=-1, metavar="[NAME@REF]...")
+@click.option("--all", "all_", is_flag=True, help="Verify every version in the store.")
+@config_option
+@store_option
+@json_option
+def verify(refs: tuple[str, ...], all_: bool, config_path: str | None, store: str | None, as_json: bool) -> None:
+    """Re-hash every file of the given versions offline; exit 4 on any mismatch, missing or extra file."""
+    from registry.errors import IntegrityError
+    from registry.refs import parse_ref
+    from registry.verify import verify_version
+
+    st = _local_store(_settings(config_path, store=store))
+    if not refs and not all_:
+        raise UsageError("nothing to verify", hint="give NAME@REF arguments or --all")
+    versions = [st.resolve(parse_ref(r)) for r in refs]
+    if all_:
+        versions += [st.version(m, n) for m in st.models() for n in st.versions(m)]
+    reports = [verify_version(st, v, _progress(as_json)) for v in versions]
+    bad = [r for r in reports if not r.ok]
+    docs = [{"name": r.name, "version": r.version, "files": r.files, "bytes": r.bytes, "ok": r.ok,
+             "problems": list(r.problems)} for r in reports]
+    out = Output(as_json)
+    out.result({"ok": not bad, "versions": docs}, lambda: "\n".join(
+        (f"✓ {r.name}@{r.version}: {r.files} files, {human_size(r.bytes)} match their digests" if r.ok else
+         f"✗ {r.name}@{r.version}:\n" + "\n".join(f"    {p}" for p in r.problems)) for r in reports))
+    if bad:
+        raise IntegrityError(
+            f"{len(bad)} of {len(reports)} version(s) failed verification: "
+            + ", ".join(f"{r.name}@{r.version}" for r in bad),
+            hint="re-publish the damaged versions from their source (`mreg convert`), then `mreg gc --yes`",
+        )
+
+
+@main.command()
+@click.option("--keep-history", default=10, show_default=True, help="Keep versions named by the last N alias changes.")
+@click.option("--keep-latest", default=3, show_default=True, help="Keep the newest K versions of each model.")
+@click.option("--dry-run", is_flag=True, help="Only show the plan (the default without --yes).")
+@click.option("--yes", is_flag=True, help="Carry out the plan.")
+@config_option
+@store_option
+@json_option
+def gc(keep_history: int, keep_latest: int, dry_run: bool, yes: bool, config_path: str | None, store: str | None,
+       as_json: bool) -> None:
+    """Remove unreachable versions, blobs and leftovers of interrupted writes (plan only unless --yes).
+
+    Never removes a version an alias points to, one named by the last --keep-history alias
+    changes, or one of the newest --keep-latest versions.
+    """
+    from registry.gc import execute_gc, plan_gc
+
+    st = _local_store(_settings(config_path, store=store))
+    plan = plan_gc(st, keep_history=keep_history, keep_latest=keep_latest)
+    applied = yes and not dry_run
+    if applied:
+        plan = execute_gc(st, plan)
+    doc = {"applied": applied, "versions": [{"name": n, "version": v} for n, v in plan.versions],
+           "blobs": len(plan.blobs), "blob_bytes": plan.blob_bytes, "staging": list(plan.staging),
+           "kept": [{"name": n, "version": v, "why": w} for n, v, w in plan.kept]}
+    verb = "removed" if applied else "would remove"
+
+    def human() -> str:
+        lines = [f"{verb}: {len(plan.versions)} version(s), {len(plan.blobs)} blob(s) "
+                 f"({human_size(plan.blob_bytes)}), {len(plan.staging)} interrupted write(s)"]
+        lines += [f"  - {n}@{v}" for n, v in plan.versions]
+        lines += [f"  kept {n}@{v}: {w}" for n, v, w in plan.kept]
+        if not applied:
+            lines.append("run again with --yes to carry this out")
+        return "\n".join(lines)
+
+    Output(as_json).result(doc, human)
+
+
+def run() -> None:
+    """Console entry point."""
+    main(prog_name="mreg")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()
+

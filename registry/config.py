@@ -1,0 +1,99 @@
+"""Where the cache and the store are: flag, then environment, then config file; never a silent default."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from registry.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CACHE_ENV = "MREG_CACHE_DIR"
+STORE_ENV = "MREG_STORE"
+CONFIG_ENV = "MREG_CONFIG"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A resolved setting and where its value came from."""
+
+    value: str | None
+    origin: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved configuration of one command."""
+
+    config_path: Path
+    config_exists: bool
+    cache_dir: Setting
+    store: Setting
+    raw: dict[str, Any]
+
+    def require_cache(self) -> Path:
+        """The cache root, or a usage error that says how to choose one."""
+        if not self.cache_dir.value:
+            raise UsageError(
+                "no cache directory chosen",
+                hint=f"pass --cache-dir DIR, set {CACHE_ENV}, or set cache_dir in {self.config_path}",
+            )
+        return Path(self.cache_dir.value).expanduser().absolute()
+
+    def require_store(self) -> str:
+        """The store location, or a usage error that says how to choose one."""
+        if not self.store.value:
+            raise UsageError(
+                "no store chosen",
+                hint=f"pass --store DIR, set {STORE_ENV}, or set store in {self.config_path}",
+            )
+        return self.store.value
+
+
+def default_config_path() -> Path:
+    """The config file mreg reads when none is named."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "mreg" / "config.toml"
+
+
+def load(config: str | None = None, cache_dir: str | None = None, store: str | None = None) -> Settings:
+    """Resolve settings from flags, environment and config file, in that order."""
+    if config:
+        path, explicit = Path(config).expanduser(), True
+    elif os.environ.get(CONFIG_ENV):
+        path, explicit = Path(os.environ[CONFIG_ENV]).expanduser(), True
+    else:
+        path, explicit = default_config_path(), False
+    raw: dict[str, Any] = {}
+    if path.exists():
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise UsageError(f"config file {path} is not valid TOML: {e}", hint="fix or remove the file") from e
+    elif explicit:
+        raise UsageError(f"config file {path} does not exist", hint="create it or drop --config / MREG_CONFIG")
+    return Settings(
+        config_path=path,
+        config_exists=path.exists(),
+        cache_dir=_pick(cache_dir, CACHE_ENV, raw, "cache_dir", path),
+        store=_pick(store, STORE_ENV, raw, "store", path),
+        raw=raw,
+    )
+
+
+def _pick(flag: str | None, env: str, raw: dict[str, Any], key: str, path: Path) -> Setting:
+    if flag:
+        return Setting(flag, "flag")
+    if os.environ.get(env):
+        return Setting(os.environ[env], f"env {env}")
+    value = raw.get(key)
+    if isinstance(value, str) and value:
+        return Setting(value, f"config {path}")
+    return Setting(None, "unset")

@@ -1,0 +1,145 @@
+"""Conversion: key the inputs, reuse an existing version or run converters, then publish."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import converters
+from converters import ConversionRequest
+from manifests import Artifact, ConverterInfo, Manifest, SourceInfo
+from registry import provenance
+from registry.cache import Snapshot
+from registry.errors import IntegrityError
+from registry.progress import NoProgress, Progress
+from registry.refs import check_name
+from registry.store import LocalStore, Staging, Version
+
+
+@dataclass(frozen=True)
+class ConversionOutcome:
+    """The version a conversion produced or found."""
+
+    version: Version
+    reused: bool
+    duration_s: float
+
+
+def conversion_key(source: SourceInfo, targets: Sequence[tuple[str, str, str, dict[str, Any], dict[str, str]]]) -> str:
+    """sha256 over everything the result depends on: source bytes, converters, options, tool versions."""
+    doc = {
+        "source": {"commit": source.commit, "files": sorted((f.path, f.sha256) for f in source.files)},
+        "targets": [
+            {"format": fmt, "converter": name, "version": ver, "options": opts, "tools": tools}
+            for fmt, name, ver, opts, tools in targets
+        ],
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def convert(
+    store: LocalStore,
+    snapshot: Snapshot,
+    name: str,
+    targets: Sequence[tuple[str, dict[str, Any]]],
+    *,
+    copy: bool = False,
+    progress: Progress | None = None,
+) -> ConversionOutcome:
+    """Make (or find) the version of `name` holding `targets` converted from `snapshot`."""
+    check_name(name)
+    progress = progress or NoProgress()
+    started = time.monotonic()
+    plan = []
+    for fmt, raw in targets:
+        conv = converters.get(fmt)
+        plan.append((conv, conv.options(raw), conv.tool_versions()))
+    key = conversion_key(
+        snapshot.record.source,
+        [(c.format, c.name, c.version, opts, tools) for c, opts, tools in plan],
+    )
+    existing = store.find_by_key(name, key)
+    if existing is not None:
+        return ConversionOutcome(existing, True, time.monotonic() - started)
+    trusted_before = snapshot.record.pulled.at.timestamp()
+    with store.writers():
+        staging = store.stage(name)
+        try:
+            artifacts = []
+            for conv, opts, tools in plan:
+                t0 = time.monotonic()
+                workdir = staging.path / conv.format
+                workdir.mkdir()
+                request = ConversionRequest(
+                    source=snapshot.record.source,
+                    source_files=snapshot.file,
+                    options=opts,
+                    workdir=workdir,
+                    progress=progress,
+                    place=_placer(store, staging, conv.format, copy, trusted_before, progress),
+                )
+                result = conv.convert(request)
+                if result.verification.status == "failed":
+                    raise IntegrityError(
+                        f"{conv.format} conversion of {snapshot.record.source.repo} failed verification: "
+                        f"{result.verification.detail or result.verification.method}",
+                        hint="nothing was published; see the metrics with --json",
+                    )
+                files = staging.ingest(conv.format, result.known_digests, progress)
+                artifacts.append(
+                    Artifact(
+                        format=conv.format,
+                        path=conv.format,
+                        files=files,
+                        converter=ConverterInfo(name=conv.name, version=conv.version),
+                        options=opts,
+                        tool_versions={**tools, **result.tool_versions},
+                        duration_s=round(time.monotonic() - t0, 6),
+                        requirements=result.requirements,
+                        verification=result.verification,
+                    )
+                )
+            manifest = Manifest(
+                name=name,
+                version=1,
+                key=key,
+                source=snapshot.record.source,
+                artifacts=tuple(artifacts),
+                created=provenance.now(),
+            )
+            version = store.publish(staging, manifest)
+        except BaseException:
+            staging.discard()
+            raise
+    return ConversionOutcome(version, False, time.monotonic() - started)
+
+
+def _placer(store: LocalStore, staging: Staging, fmt: str, copy: bool, trusted_before: float,
+            progress: Progress) -> converters.PlaceFile:
+    """How source files enter an artifact tree: a hard link when possible and trusted, else a verified copy."""
+
+    def place(src: Path, rel: str, sha256: str) -> str:
+        dest = staging.path / fmt / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        st = src.stat()
+        # The pull verified this file; trust its digest while it looks untouched since then.
+        if not copy and st.st_mtime <= trusted_before + 1:
+            try:
+                os.link(src, dest)
+                return sha256
+            except OSError as e:
+                if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                    raise
+        progress.start(f"copying {rel}", st.st_size)
+        digest = store.add_blob_copy(src, dest, sha256, progress)
+        progress.done()
+        return digest
+
+    return place

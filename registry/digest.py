@@ -1,0 +1,46 @@
+"""Hashing: sha256 for blobs, git blob sha1 for small hub files."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+CHUNK = 4 << 20
+
+
+def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
+    """Hex sha256 of a file, read in large chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        _feed(f, (h,), on_bytes)
+    return h.hexdigest()
+
+
+def hashes_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> tuple[str, str]:
+    """(sha256, git blob sha1) of a file in one pass."""
+    size = path.stat().st_size
+    sha = hashlib.sha256()
+    git = hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False)
+    with open(path, "rb") as f:
+        _feed(f, (sha, git), on_bytes)
+    return sha.hexdigest(), git.hexdigest()
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """The id git (and the hub) gives a blob."""
+    h = hashlib.sha1(f"blob {len(data)}\0".encode(), usedforsecurity=False)
+    h.update(data)
+    return h.hexdigest()
+
+
+def _feed(f: BinaryIO, hashers: tuple["hashlib._Hash", ...], on_bytes: Callable[[int], None] | None) -> None:
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    while n := f.readinto(buf):
+        chunk = view[:n]
+        for h in hashers:
+            h.update(chunk)
+        if on_bytes is not None:
+            on_bytes(n)

@@ -1,0 +1,95 @@
+"""The one error hierarchy of mreg: every error carries its data, a hint and an exit code."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class MregError(Exception):
+    """Root of every error mreg raises on purpose."""
+
+    exit_code: ClassVar[int] = 1
+    hint: str | None = None
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        if hint is not None:
+            self.hint = hint
+
+
+class UsageError(MregError):
+    """The command line or configuration is incomplete or contradictory."""
+
+    exit_code = 2
+
+
+class NotFound(MregError, LookupError):
+    """A model, version, alias, revision or file does not exist."""
+
+    exit_code = 3
+
+
+class IntegrityError(MregError):
+    """Bytes on disk or on the wire do not match their recorded digest."""
+
+    exit_code = 4
+
+
+class Conflict(MregError):
+    """Another writer got there first (lost race, or `--expect` did not hold)."""
+
+    exit_code = 5
+
+
+class GateRefused(MregError):
+    """A promotion gate refused the version."""
+
+    exit_code = 6
+
+
+class InsufficientSpace(MregError, OSError):
+    """The destination filesystem cannot hold what is about to be written."""
+
+    exit_code = 7
+
+
+class UnsafeInput(MregError):
+    """Input that mreg refuses to handle: pickle weights, path-traversing names."""
+
+    exit_code = 8
+
+
+class HubUnavailable(MregError):
+    """The hub could not be reached and the cache cannot answer instead."""
+
+    exit_code = 9
+
+
+class VersionNotFound(NotFound):
+    """A reference does not name an existing version."""
+
+    def __init__(self, name: str, ref: str) -> None:
+        super().__init__(f"{name}@{ref} does not exist", hint=f"run `mreg list {name}` to see its versions")
+        self.name, self.ref = name, ref
+
+
+class ModelNotFound(NotFound):
+    """The store holds no model of this name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"model {name!r} is not in the store", hint="run `mreg list` to see the models in the store")
+        self.name = name
+
+
+EXIT_CODES: dict[int, str] = {
+    0: "success",
+    1: "error",
+    2: "usage or configuration error",
+    3: "not found (model, version, alias, repository, revision)",
+    4: "integrity failure (a digest does not match)",
+    5: "conflict: lost a race with another writer, or --expect did not hold",
+    6: "refused by a promotion gate",
+    7: "not enough free space",
+    8: "unsafe input refused (pickle weights, path-traversing file names)",
+    9: "hub unreachable and nothing usable in the cache",
+}

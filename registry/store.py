@@ -1,0 +1,449 @@
+"""The store: content-addressed blobs, immutable numbered versions, alias symlinks.
+
+The layout is drawn in `registry.layout`. Invariants:
+
+* a blob's name is its sha256; it is written under a temp name, verified, then hard-linked
+  into place (`link(2)` never overwrites, so a blob is complete or absent);
+* a version is staged in `tmp/` and published by `rename(2)` of the whole tree onto
+  `versions/<n>`, which fails if `<n>` exists: that is how numbers are allocated without a
+  global lock, and why no reader ever sees a partial version;
+* an alias is a relative symlink replaced by `rename(2)` of a fresh symlink over it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import socket
+import stat
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from manifests import FileEntry, HistoryEntry, Manifest
+from registry import atomic, layout
+from registry.digest import CHUNK
+from registry.errors import IntegrityError, ModelNotFound, NotFound, UsageError, VersionNotFound
+from registry.progress import NoProgress, Progress
+from registry.refs import LATEST, Ref
+
+
+@dataclass(frozen=True)
+class Version:
+    """A published version as read back from the store."""
+
+    name: str
+    number: int
+    manifest: Manifest
+    manifest_sha256: str
+    path: str
+
+
+class Store(Protocol):
+    """What promotion, listing and verification need from a store, local or remote."""
+
+    location: str
+
+    def models(self) -> list[str]:
+        """Names of the models in the store."""
+
+    def versions(self, name: str) -> list[int]:
+        """Published version numbers of a model, ascending."""
+
+    def version(self, name: str, number: int) -> Version:
+        """One published version."""
+
+    def resolve(self, ref: Ref) -> Version:
+        """The version a reference names."""
+
+    def aliases(self, name: str) -> dict[str, int]:
+        """Every alias of a model and the version it points to."""
+
+    def alias(self, name: str, alias: str) -> int | None:
+        """The version an alias points to, if it exists."""
+
+    def history(self, name: str) -> list[HistoryEntry]:
+        """Every recorded alias change of a model, oldest first."""
+
+    def last_entry(self, name: str, alias: str) -> HistoryEntry | None:
+        """The newest history entry of one alias."""
+
+    def alias_lock(self, name: str) -> contextlib.AbstractContextManager[object]:
+        """Serialize alias writers of one model."""
+
+    def set_alias(self, name: str, alias: str, number: int) -> None:
+        """Atomically point an alias at a version."""
+
+    def append_history(self, name: str, entry: HistoryEntry) -> None:
+        """Append one entry to a model's history."""
+
+
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """The exact bytes of a manifest file (its sha256 is the manifest digest)."""
+    return (manifest.model_dump_json(by_alias=True, indent=2) + "\n").encode()
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A file placed in a staging tree, with its digest when already known and trusted."""
+
+    path: str
+    sha256: str | None = None
+
+
+class Staging:
+    """A version tree being built in the store's tmp directory; publish() makes it a version."""
+
+    def __init__(self, store: LocalStore, name: str) -> None:
+        self.store = store
+        self.name = name
+        store.tmp.mkdir(parents=True, exist_ok=True)
+        self.path = store.tmp / f"stage-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.lock_path = store.tmp / (self.path.name + ".lock")
+        self._lock = contextlib.ExitStack()
+        # Held for the staging tree's lifetime: gc removes only trees whose lock it can take.
+        self._lock.enter_context(atomic.flock(self.lock_path))
+        self.path.mkdir()
+
+    def release(self) -> None:
+        """Drop the staging lock (after publish or discard)."""
+        self._lock.close()
+        self.lock_path.unlink(missing_ok=True)
+
+    def discard(self) -> None:
+        """Remove the staging tree and its lock."""
+        _rmtree(self.path)
+        self.release()
+
+    def ingest(self, subdir: str, known: dict[str, str], progress: Progress) -> tuple[FileEntry, ...]:
+        """Turn every file under `subdir` into a link to its blob; return the file entries."""
+        root = self.path / subdir
+        files = sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink())
+        entries: list[FileEntry] = []
+        todo = sum(p.stat().st_size for p in files if p.relative_to(root).as_posix() not in known)
+        progress.start(f"hashing {subdir}", todo)
+        for p in files:
+            rel = p.relative_to(root).as_posix()
+            if p.is_symlink():
+                raise UsageError(f"converter left a symlink in the artifact: {rel}", hint="this is a bug in the converter")
+            digest = known.get(rel)
+            if digest is None:
+                digest = _sha256_with_progress(p, progress)
+            self.store.link_blob(p, digest, verify=False)
+            entries.append(FileEntry(path=rel, size=p.stat().st_size, sha256=digest))
+        progress.done()
+        return tuple(entries)
+
+
+class LocalStore:
+    """A store on a local (or network) filesystem."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.expanduser().absolute()
+        self.location = str(self.root)
+        self.tmp = layout.tmp_dir(self.root)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def models(self) -> list[str]:
+        """Names of the models in the store."""
+        d = self.root / layout.MODELS
+        if not d.is_dir():
+            return []
+        return sorted(p.name for p in d.iterdir() if p.is_dir() and layout.NAME_RE.match(p.name))
+
+    def versions(self, name: str) -> list[int]:
+        """Published version numbers of a model, ascending."""
+        d = layout.versions_dir(self.root, name)
+        if not d.is_dir():
+            return []
+        out = []
+        for p in d.iterdir():
+            if p.name.isdigit() and (p / layout.MANIFEST).is_file():
+                out.append(int(p.name))
+        return sorted(out)
+
+    def _taken_numbers(self, name: str) -> list[int]:
+        d = layout.versions_dir(self.root, name)
+        return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+    def version(self, name: str, number: int) -> Version:
+        """One published version."""
+        path = layout.version_dir(self.root, name, number)
+        try:
+            data = (path / layout.MANIFEST).read_bytes()
+        except FileNotFoundError:
+            if not layout.model_dir(self.root, name).is_dir():
+                raise ModelNotFound(name) from None
+            raise VersionNotFound(name, str(number)) from None
+        try:
+            manifest = Manifest.model_validate_json(data)
+        except ValueError as e:
+            raise IntegrityError(
+                f"{name}@{number}: manifest does not parse: {str(e).splitlines()[0]}",
+                hint=f"run `mreg verify {name}@{number}`",
+            ) from e
+        return Version(name, number, manifest, hashlib.sha256(data).hexdigest(), str(path))
+
+    def resolve(self, ref: Ref) -> Version:
+        """The version a reference names: number, alias, `latest` or manifest digest prefix."""
+        if ref.number is not None:
+            return self.version(ref.name, ref.number)
+        if not layout.model_dir(self.root, ref.name).is_dir():
+            raise ModelNotFound(ref.name)
+        if ref.ref == LATEST:
+            numbers = self.versions(ref.name)
+            if not numbers:
+                raise VersionNotFound(ref.name, ref.ref)
+            return self.version(ref.name, numbers[-1])
+        target = self.alias(ref.name, ref.ref)
+        if target is not None:
+            return self.version(ref.name, target)
+        if ref.is_digest_prefix:
+            hits = [v for v in (self.version(ref.name, n) for n in self.versions(ref.name))
+                    if v.manifest_sha256.startswith(ref.ref)]
+            if len(hits) > 1:
+                raise UsageError(
+                    f"{ref} is ambiguous: it matches versions {', '.join(str(h.number) for h in hits)}",
+                    hint="give more digits of the manifest digest",
+                )
+            if hits:
+                return hits[0]
+        raise VersionNotFound(ref.name, ref.ref)
+
+    def aliases(self, name: str) -> dict[str, int]:
+        """Every alias of a model and the version it points to."""
+        d = layout.model_dir(self.root, name)
+        out: dict[str, int] = {}
+        if d.is_dir():
+            for p in d.iterdir():
+                if p.is_symlink() and layout.ALIAS_RE.match(p.name):
+                    n = layout.parse_alias_target(os.readlink(p))
+                    if n is not None:
+                        out[p.name] = n
+        return dict(sorted(out.items()))
+
+    def alias(self, name: str, alias: str) -> int | None:
+        """The version an alias points to, if it exists."""
+        try:
+            return layout.parse_alias_target(os.readlink(layout.alias_path(self.root, name, alias)))
+        except (FileNotFoundError, OSError):
+            return None
+
+    def history(self, name: str) -> list[HistoryEntry]:
+        """Every recorded alias change of a model, oldest first."""
+        path = layout.model_dir(self.root, name) / layout.HISTORY
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            if line.strip():
+                try:
+                    out.append(HistoryEntry.model_validate_json(line))
+                except ValueError:
+                    continue  # a torn last line after a crash: the entry was never acknowledged
+        return out
+
+    def last_entry(self, name: str, alias: str) -> HistoryEntry | None:
+        """The newest history entry of one alias, reading only the end of the file when it can."""
+        path = layout.model_dir(self.root, name) / layout.HISTORY
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - 65536))
+                tail = f.read()
+        except FileNotFoundError:
+            return None
+        lines = tail.splitlines()
+        if size > 65536:
+            lines = lines[1:]  # the first line may be cut
+        for line in reversed(lines):
+            try:
+                e = HistoryEntry.model_validate_json(line)
+            except ValueError:
+                continue
+            if e.alias == alias:
+                return e
+        if size > 65536:
+            return next((e for e in reversed(self.history(name)) if e.alias == alias), None)
+        return None
+
+    def find_by_key(self, name: str, key: str) -> Version | None:
+        """The oldest version made from exactly these inputs, if any."""
+        for n in self.versions(name):
+            v = self.version(name, n)
+            if v.manifest.key == key:
+                return v
+        return None
+
+    # -- writing -------------------------------------------------------------------------
+
+    def alias_lock(self, name: str) -> contextlib.AbstractContextManager[object]:
+        """Serialize alias writers of one model (flock on the model's lock file)."""
+        return atomic.flock(layout.model_dir(self.root, name) / layout.ALIAS_LOCK)
+
+    def set_alias(self, name: str, alias: str, number: int) -> None:
+        """Atomically point an alias at a version: new symlink under a temp name, rename over."""
+        dest = layout.alias_path(self.root, name, alias)
+        if dest.exists() and not dest.is_symlink():
+            raise UsageError(f"{dest} exists and is not an alias symlink", hint="move it out of the store")
+        tmp = atomic.temp_name(dest, "alias")
+        os.symlink(layout.alias_target(number), tmp)
+        try:
+            os.replace(tmp, dest)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+        atomic.fsync_dir(dest.parent)
+
+    def append_history(self, name: str, entry: HistoryEntry) -> None:
+        """Append one entry to a model's history (callers hold the alias lock)."""
+        atomic.append_line(layout.model_dir(self.root, name) / layout.HISTORY,
+                           entry.model_dump_json(by_alias=True))
+
+    def writers(self) -> contextlib.AbstractContextManager[bool]:
+        """Held (shared) by publishers while they ingest and publish; gc holds it exclusively."""
+        return atomic.flock(self.root / layout.GC_LOCK, shared=True)
+
+    def stage(self, name: str) -> Staging:
+        """Start a staging tree for a new version of `name`."""
+        return Staging(self, name)
+
+    def link_blob(self, src: Path, sha256: str, *, verify: bool) -> Path:
+        """Make `src` (on this filesystem) the blob `sha256`, or replace it by a link to the existing blob."""
+        dest = layout.blob_path(self.root, sha256)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if verify:
+            actual = _sha256_with_progress(src, NoProgress())
+            if actual != sha256:
+                raise IntegrityError(f"{src.name}: sha256 {actual[:12]}… does not match {sha256[:12]}…")
+        if not dest.exists():
+            _fsync_file(src)
+            os.chmod(src, 0o444)
+            try:
+                os.link(src, dest)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                atomic.raise_if_full(e, dest.parent)
+                raise
+            else:
+                atomic.fsync_dir(dest.parent)
+                return dest
+        if not _same_file(src, dest):
+            tmp = atomic.temp_name(src, "link")
+            os.link(dest, tmp)
+            os.replace(tmp, src)
+        return dest
+
+    def add_blob_copy(self, src: Path, dest_in_stage: Path, expected_sha256: str | None, progress: Progress) -> str:
+        """Copy `src` into the staging tree while hashing it; checks the digest when one is expected."""
+        dest_in_stage.parent.mkdir(parents=True, exist_ok=True)
+        h = hashlib.sha256()
+        try:
+            with open(src, "rb") as fi, open(dest_in_stage, "xb") as fo:
+                while chunk := fi.read(CHUNK):
+                    h.update(chunk)
+                    fo.write(chunk)
+                    progress.advance(len(chunk))
+                fo.flush()
+                os.fsync(fo.fileno())
+        except OSError as e:
+            atomic.raise_if_full(e, dest_in_stage.parent)
+            raise
+        digest = h.hexdigest()
+        if expected_sha256 is not None and digest != expected_sha256:
+            dest_in_stage.unlink()
+            raise IntegrityError(
+                f"{src}: sha256 is {digest[:12]}…, expected {expected_sha256[:12]}… from the pull record",
+                hint="the cached file changed since it was pulled; run `mreg pull` again with --force",
+            )
+        return digest
+
+    def publish(self, staging: Staging, manifest: Manifest) -> Version:
+        """Write the manifest into the staging tree and rename it onto the next free version number."""
+        vdir = layout.versions_dir(self.root, staging.name)
+        vdir.mkdir(parents=True, exist_ok=True)
+        _fsync_tree_dirs(staging.path)
+        taken = self._taken_numbers(staging.name)
+        number = (taken[-1] + 1) if taken else 1
+        while True:
+            final = manifest.model_copy(update={"version": number})
+            data = manifest_bytes(final)
+            atomic.write_bytes(staging.path / layout.MANIFEST, data, mode=0o444)
+            try:
+                os.rename(staging.path, vdir / str(number))
+            except OSError as e:
+                if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    number += 1
+                    continue
+                raise
+            break
+        atomic.fsync_dir(vdir)
+        staging.release()
+        return Version(staging.name, number, final, hashlib.sha256(data).hexdigest(),
+                       str(vdir / str(number)))
+
+    def blob_digests(self) -> Iterator[tuple[str, Path]]:
+        """Every blob in the store, with its path."""
+        d = layout.blobs_dir(self.root)
+        if not d.is_dir():
+            return
+        for sub in sorted(d.iterdir()):
+            if sub.is_dir():
+                for p in sorted(sub.iterdir()):
+                    if len(p.name) == 64 and not p.name.startswith("."):
+                        yield p.name, p
+
+
+def _sha256_with_progress(path: Path, progress: Progress) -> str:
+    from registry.digest import sha256_file
+
+    return sha256_file(path, progress.advance)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    sa, sb = a.stat(), b.stat()
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree_dirs(root: Path) -> None:
+    for dirpath, _dirs, _files in os.walk(root):
+        atomic.fsync_dir(Path(dirpath))
+
+
+def _rmtree(path: Path) -> None:
+    def onexc(func: object, p: str, exc: BaseException) -> None:
+        # Blobs and published files are read-only; make their directories writable to remove them.
+        parent = os.path.dirname(p)
+        os.chmod(parent, os.stat(parent).st_mode | stat.S_IWUSR)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(path, onerror=lambda f, p, e: onexc(f, p, e[1]))
+
+
+def manifest_json(manifest: Manifest) -> dict[str, object]:
+    """The manifest as a JSON-ready dict."""
+    result: dict[str, object] = json.loads(manifest_bytes(manifest))
+    return result
