@@ -46,8 +46,11 @@ def write_bytes(dest: Path, data: bytes, *, mode: int = 0o644) -> None:
 def append_line(dest: Path, line: str) -> None:
     """Append one line durably (callers serialize appenders)."""
     data = (line.rstrip("\n") + "\n").encode()
-    fd = os.open(dest, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(dest, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        if end and os.pread(fd, 1, end - 1) != b"\n":
+            data = b"\n" + data  # a torn line from a crashed writer stays alone on its line
         os.write(fd, data)
         os.fsync(fd)
     finally:

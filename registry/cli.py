@@ -455,11 +455,14 @@ def verify(refs: tuple[str, ...], all_: bool, config_path: str | None, store: st
         (f"✓ {r.name}@{r.version}: {r.files} files, {human_size(r.bytes)} match their digests" if r.ok else
          f"✗ {r.name}@{r.version}:\n" + "\n".join(f"    {p}" for p in r.problems)) for r in reports))
     if bad:
-        raise IntegrityError(
+        # The report above is the one JSON document; the error goes to stderr only.
+        err = IntegrityError(
             f"{len(bad)} of {len(reports)} version(s) failed verification: "
             + ", ".join(f"{r.name}@{r.version}" for r in bad),
             hint="re-publish the damaged versions from their source (`mreg convert`), then `mreg gc --yes`",
         )
+        Output(False).error(err)
+        click.get_current_context().exit(err.exit_code)
 
 
 @main.command()

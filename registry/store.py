@@ -363,8 +363,9 @@ class LocalStore:
         if expected_sha256 is not None and digest != expected_sha256:
             dest_in_stage.unlink()
             raise IntegrityError(
-                f"{src}: sha256 is {digest[:12]}…, expected {expected_sha256[:12]}… from the pull record",
-                hint="the cached file changed since it was pulled; run `mreg pull` again with --force",
+                f"cached file {src} changed since it was pulled: sha256 is {digest[:12]}…, "
+                f"the pull recorded {expected_sha256[:12]}…",
+                hint="remove the damaged snapshot from the cache and run `mreg pull` again",
             )
         return digest
 

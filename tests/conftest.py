@@ -1,0 +1,93 @@
+"""Every root (home, config, cache, store, hub cache) points into tmp_path; nothing touches the network."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# huggingface_hub reads these at import time: set them before anything imports it.
+os.environ["HF_HUB_DISABLE_XET"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+os.environ["HF_HUB_DOWNLOAD_TIMEOUT"] = "5"
+os.environ["HF_HUB_ETAG_TIMEOUT"] = "5"
+os.environ.pop("HF_HUB_OFFLINE", None)
+os.environ.pop("HF_TOKEN", None)
+
+import pytest
+from click.testing import CliRunner
+
+from registry.cli import main
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point HOME, XDG config, mreg's cache and store, and the hub cache at tmp_path."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    monkeypatch.setenv("MREG_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MREG_STORE", str(tmp_path / "store"))
+    monkeypatch.delenv("MREG_CONFIG", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.delenv("MREG_DEBUG", raising=False)
+    return tmp_path
+
+
+@dataclass
+class CliResult:
+    """What one CLI run printed and returned."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> Any:
+        """The JSON document on stdout."""
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def mreg() -> Any:
+    """Run `mreg ARGS...` in-process and capture stdout, stderr and the exit code."""
+
+    def run(*args: str | Path) -> CliResult:
+        result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+        return CliResult(result.exit_code, result.stdout, result.stderr)
+
+    return run
+
+
+@pytest.fixture
+def store_root(isolated: Path) -> Path:
+    """The store root every command uses by default in tests."""
+    return isolated / "store"
+
+
+@pytest.fixture
+def cache_root(isolated: Path) -> Path:
+    """The cache root every command uses by default in tests."""
+    return isolated / "cache"
+
+
+def write_model(dest: Path, seed: int = 0, size: int = 1 << 16) -> Path:
+    """A small model-like directory (config + safetensors-named random bytes)."""
+    import random
+
+    dest.mkdir(parents=True, exist_ok=True)
+    rnd = random.Random(seed)
+    (dest / "config.json").write_text(json.dumps({"model_type": "llama", "seed": seed}))
+    (dest / "model.safetensors").write_bytes(rnd.randbytes(size))
+    return dest
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Iterator[Path]:
+    """A local model directory to pull from."""
+    yield write_model(tmp_path / "src-model")

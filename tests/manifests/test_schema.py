@@ -1,0 +1,47 @@
+"""The JSON Schema in the repo matches the models; records refuse unknown fields and unsafe paths."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from manifests import FileEntry, HistoryEntry, Manifest
+from manifests.export import expected_files, main
+
+
+def test_exported_schema_matches_models() -> None:
+    for path, text in expected_files().items():
+        assert path.exists(), f"{path} missing: run `python -m manifests.export`"
+        assert path.read_text() == text, f"{path} drifted from the models: run `python -m manifests.export`"
+    assert main(["--check"]) == 0
+
+
+def test_schema_forbids_extra_fields() -> None:
+    schema = json.loads(next(t for p, t in expected_files().items() if p.name == "manifest.schema.json"))
+    assert schema["additionalProperties"] is False
+    with pytest.raises(ValidationError):
+        FileEntry.model_validate({"path": "a", "size": 1, "sha256": "0" * 64, "colour": "red"})
+
+
+@pytest.mark.parametrize("bad", ["../x", "/etc/passwd", "a/../b", "a//b", "./a", "a\\b", ""])
+def test_file_entries_refuse_unsafe_paths(bad: str) -> None:
+    with pytest.raises(ValidationError):
+        FileEntry(path=bad, size=1, sha256="0" * 64)
+
+
+def test_records_are_frozen() -> None:
+    e = FileEntry(path="a", size=1, sha256="0" * 64)
+    with pytest.raises(ValidationError):
+        e.size = 2  # type: ignore[misc]
+
+
+def test_history_entry_uses_from_and_to_on_disk() -> None:
+    e = HistoryEntry.model_validate({
+        "alias": "production", "action": "promote", "from": None, "to": 3,
+        "by": {"user": "u", "host": "h", "at": "2026-01-01T00:00:00Z", "mreg_version": "0", "python": "3"},
+    })
+    doc = json.loads(e.model_dump_json(by_alias=True))
+    assert doc["from"] is None and doc["to"] == 3
+    assert Manifest.model_fields["schema_version"].default == 1

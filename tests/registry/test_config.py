@@ -1,0 +1,57 @@
+"""The cache and store roots are explicit: flag, then environment, then config file; never a silent default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def test_no_cache_configured_is_a_usage_error(mreg: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MREG_CACHE_DIR")
+    r = mreg("pull", model_dir)
+    assert r.exit_code == 2
+    assert "no cache directory chosen" in r.stderr
+    assert "--cache-dir" in r.stderr and "MREG_CACHE_DIR" in r.stderr
+
+
+def test_no_store_configured_is_a_usage_error(mreg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MREG_STORE")
+    r = mreg("list", "--json")
+    assert r.exit_code == 2
+    assert r.json["error"]["type"] == "UsageError"
+    assert "MREG_STORE" in r.json["error"]["hint"]
+
+
+def test_precedence_flag_env_config(mreg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "home" / ".config" / "mreg" / "config.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(f'cache_dir = "{tmp_path / "from-config"}"\nstore = "{tmp_path / "store-config"}"\n')
+    monkeypatch.delenv("MREG_CACHE_DIR")
+    doc = mreg("config", "--json").json
+    assert doc["cache_dir"] == {"value": str(tmp_path / "from-config"), "origin": f"config {cfg}"}
+    assert doc["store"]["origin"] == "env MREG_STORE"
+    doc = mreg("config", "--json", "--cache-dir", str(tmp_path / "flag")).json
+    assert doc["cache_dir"] == {"value": str(tmp_path / "flag"), "origin": "flag"}
+    monkeypatch.setenv("MREG_CACHE_DIR", str(tmp_path / "env"))
+    assert mreg("config", "--json").json["cache_dir"]["origin"] == "env MREG_CACHE_DIR"
+
+
+def test_pull_uses_config_file_cache(mreg: Any, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MREG_CACHE_DIR")
+    cfg = tmp_path / "mreg.toml"
+    cfg.write_text(f'cache_dir = "{tmp_path / "cfg-cache"}"\n')
+    r = mreg("pull", model_dir, "--config", cfg, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert r.json["cache_dir"] == str(tmp_path / "cfg-cache")
+    assert (tmp_path / "cfg-cache").is_dir()
+
+
+def test_bad_config_file(mreg: Any, tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("cache_dir = [unclosed\n")
+    r = mreg("config", "--config", cfg)
+    assert r.exit_code == 2 and "not valid TOML" in r.stderr
+    r = mreg("config", "--config", tmp_path / "missing.toml")
+    assert r.exit_code == 2 and "does not exist" in r.stderr

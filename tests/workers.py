@@ -1,0 +1,67 @@
+"""Functions run in child processes by the concurrency and crash tests (importable by spawn)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+
+def flipper(store_root: str, name: str, versions: list[int], flips: int, seed: int, out: str) -> None:
+    """Promote random versions `flips` times; write how many flips changed the alias."""
+    from registry import aliases
+    from registry.store import LocalStore
+
+    store = LocalStore(Path(store_root))
+    rnd = random.Random(seed)
+    changed = 0
+    for _ in range(flips):
+        v = store.version(name, rnd.choice(versions))
+        if aliases.promote(store, name, v).changed:
+            changed += 1
+    Path(out).write_text(json.dumps({"changed": changed}))
+
+
+def reader(store_root: str, name: str, stop_file: str, out: str) -> None:
+    """Resolve the production path in a tight loop; count reads and any that were broken."""
+    alias = Path(store_root) / "models" / name / "production"
+    reads = broken = 0
+    errors: list[str] = []
+    while not os.path.exists(stop_file):
+        reads += 1
+        try:
+            target = os.readlink(alias)
+            manifest = alias / "manifest.json"
+            with open(manifest, "rb") as f:
+                doc = json.loads(f.read())
+            if f"versions/{doc['version']}" != target and not target.startswith("versions/"):
+                raise RuntimeError(f"odd target {target}")
+            os.stat(alias / "hf" / "config.json")
+        except Exception as e:  # noqa: BLE001 - any failure to read is what we count
+            broken += 1
+            if len(errors) < 5:
+                errors.append(repr(e))
+    Path(out).write_text(json.dumps({"reads": reads, "broken": broken, "errors": errors}))
+
+
+def publish_and_promote(cache: str, store_root: str, source: str, name: str) -> None:
+    """One CI job: pull a local directory, convert (copying), promote; the crash test kills it anywhere."""
+    from registry import aliases
+    from registry.cache import pull_local
+    from registry.convert import convert
+    from registry.store import LocalStore
+
+    store = LocalStore(Path(store_root))
+    snap = pull_local(Path(cache), Path(source))
+    out = convert(store, snap, name, [("hf", {})], copy=True)
+    aliases.promote(store, name, out.version)
+    print(out.version.number, flush=True)
+
+
+if __name__ == "__main__":
+    fn = globals()[sys.argv[1]]
+    t0 = time.monotonic()
+    fn(*sys.argv[2:])
