@@ -44,7 +44,7 @@ def check_gates(version: Version, requirements: Sequence[str] = ()) -> list[str]
     return problems
 
 
-def parse_expect(text: str | None) -> int | None | str:
+def parse_expect(text: str | None) -> int | str | None:
     """`--expect 6` → 6, `--expect none` → None (alias must not exist); not given → the sentinel ''."""
     if text is None:
         return ""
@@ -61,7 +61,7 @@ def promote(
     version: Version,
     *,
     alias: str = "production",
-    expect: int | None | str = "",
+    expect: int | str | None = "",
     reason: str | None = None,
     force: bool = False,
     require: Sequence[str] = (),
@@ -111,7 +111,7 @@ def rollback(
     *,
     alias: str = "production",
     to: int | None = None,
-    expect: int | None | str = "",
+    expect: int | str | None = "",
     reason: str | None = None,
 ) -> AliasChange:
     """Return `alias` to the version it pointed at before (or to `to`), from the history."""

@@ -25,7 +25,6 @@ from pathlib import Path, PurePosixPath
 from manifests import PullRecord, SourceFile, SourceInfo
 from registry import atomic, layout, provenance
 from registry.digest import hashes_file
-from registry.output import human_size
 from registry.errors import (
     HubUnavailable,
     InsufficientSpace,
@@ -34,6 +33,7 @@ from registry.errors import (
     UnsafeInput,
     UsageError,
 )
+from registry.output import human_size
 from registry.progress import NoProgress, Progress
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -114,6 +114,13 @@ def unsafe_reason(path: str) -> str | None:
     return None
 
 
+def filtered_out(path: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
+    """Whether `--include` / `--exclude` leave a file out."""
+    if include and not any(fnmatch.fnmatchcase(path, p) for p in include):
+        return True
+    return any(fnmatch.fnmatchcase(path, p) for p in exclude)
+
+
 def plan_pull(
     repo: str,
     commit: str,
@@ -130,13 +137,11 @@ def plan_pull(
         listed = ", ".join(f"{p!r} ({r})" for p, r in bad[:5])
         raise UnsafeInput(
             f"{repo}@{commit[:12]} has file names that would escape the cache: {listed}",
-            hint="nothing was written; report it to the repository owner, or use --exclude to pull other revisions",
+            hint="nothing was written; this repository is not safe to mirror: report it to its owner",
         )
     selected, skipped_pickle, skipped_filter = [], [], []
     for f in files:
-        if include and not any(fnmatch.fnmatchcase(f.path, pat) for pat in include):
-            skipped_filter.append(f.path)
-        elif any(fnmatch.fnmatchcase(f.path, pat) for pat in exclude):
+        if filtered_out(f.path, include, exclude):
             skipped_filter.append(f.path)
         elif f.path.lower().endswith(PICKLE_SUFFIXES) and not allow_pickle:
             skipped_pickle.append(f.path)
@@ -292,9 +297,7 @@ def _covers(snap: Snapshot, include: Sequence[str], exclude: Sequence[str], allo
     """Whether a cached snapshot already holds what this pull selects (no new files needed)."""
     have = {f.path for f in snap.record.source.files}
     for path in snap.record.skipped:
-        if include and not any(fnmatch.fnmatchcase(path, p) for p in include):
-            continue
-        if any(fnmatch.fnmatchcase(path, p) for p in exclude):
+        if filtered_out(path, include, exclude):
             continue
         if path.lower().endswith(PICKLE_SUFFIXES) and not allow_pickle:
             continue
@@ -450,10 +453,10 @@ def pull_local(cache: Path, directory: Path, *, include: Sequence[str] = (), exc
     snap = folder / "snapshots" / commit
     if not snap.is_dir():
         stage = atomic.temp_name(snap, "snap")
-        for f in hashed:
-            link = stage / f.path
+        for sf in hashed:
+            link = stage / sf.path
             link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(os.path.relpath(blobs / f.sha256, link.parent), link)
+            os.symlink(os.path.relpath(blobs / sf.sha256, link.parent), link)
         try:
             os.rename(stage, snap)
         except OSError:

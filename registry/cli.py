@@ -61,7 +61,8 @@ def config_option(f: F) -> F:
 
 def store_option(f: F) -> F:
     """`--store`."""
-    return click.option("--store", metavar="DIR", help="Store root. Else $MREG_STORE, else `store` in the config file.")(f)
+    return click.option("--store", metavar="DIR",
+                        help="Store root. Else $MREG_STORE, else `store` in the config file.")(f)
 
 
 def cache_option(f: F) -> F:
@@ -91,9 +92,9 @@ def _progress(as_json: bool) -> BarProgress:
 
 def _quiet_hub(as_json: bool) -> None:
     if as_json or not sys.stderr.isatty():
-        from huggingface_hub.utils import disable_progress_bars
+        from huggingface_hub import utils as hf_utils
 
-        disable_progress_bars()
+        hf_utils.disable_progress_bars()  # type: ignore[attr-defined]
 
 
 @click.group(cls=MregGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -187,11 +188,19 @@ def pull(source: str, config_path: str | None, cache_dir: str | None, include: t
     doc = _snapshot_doc(snap)
     Output(as_json).result(doc, lambda: "\n".join(filter(None, [
         f"✓ {doc['repo']}@{doc['commit'][:12]} ({doc['files']} files, {human_size(doc['bytes'])}"
-        f"{', from cache' if snap.reused else ', ' + human_size(snap.downloaded_bytes) + ' downloaded'})",
+        f"{_how(snap)})",
         f"  cache    {cache}",
         f"  snapshot {snap.path}",
         f"  skipped  {', '.join(snap.record.skipped)}" if snap.record.skipped else "",
     ])))
+
+
+def _how(snap: Any) -> str:
+    if snap.reused:
+        return ", from cache, nothing transferred"
+    if snap.record.source.kind == "local":
+        return ", imported and hashed"
+    return f", {human_size(snap.downloaded_bytes)} downloaded"
 
 
 def _parse_target(text: str) -> tuple[str, dict[str, Any]]:
@@ -237,9 +246,9 @@ def convert(source: str, targets: tuple[str, ...], name: str, copy: bool, config
         "duration_s": round(outcome.duration_s, 3),
     }
     verb = "exists" if outcome.reused else "published"
+    checks = ", ".join(f"{a.format} {a.verification.status}" for a in v.manifest.artifacts)
     Output(as_json).result(doc, lambda: "\n".join([
-        f"✓ {name}@{v.number} {verb} ({', '.join(doc['formats'])}; verification "
-        + ", ".join(f"{k} {s}" for k, s in doc["verification"].items()) + ")",
+        f"✓ {name}@{v.number} {verb} ({', '.join(a.format for a in v.manifest.artifacts)}; verification {checks})",
         f"  path     {v.path}",
         f"  manifest sha256:{v.manifest_sha256[:16]}",
     ]))

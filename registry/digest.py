@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 CHUNK = 4 << 20
 
@@ -35,10 +35,10 @@ def git_blob_sha1(data: bytes) -> str:
     return h.hexdigest()
 
 
-def _feed(f: BinaryIO, hashers: tuple["hashlib._Hash", ...], on_bytes: Callable[[int], None] | None) -> None:
+def _feed(f: IO[bytes], hashers: tuple[hashlib._Hash, ...], on_bytes: Callable[[int], None] | None) -> None:
     buf = bytearray(CHUNK)
     view = memoryview(buf)
-    while n := f.readinto(buf):
+    while n := f.readinto(buf):  # type: ignore[attr-defined]
         chunk = view[:n]
         for h in hashers:
             h.update(chunk)

@@ -29,7 +29,7 @@ from typing import Protocol
 from manifests import FileEntry, HistoryEntry, Manifest
 from registry import atomic, layout
 from registry.digest import CHUNK
-from registry.errors import IntegrityError, ModelNotFound, NotFound, UsageError, VersionNotFound
+from registry.errors import IntegrityError, ModelNotFound, UsageError, VersionNotFound
 from registry.progress import NoProgress, Progress
 from registry.refs import LATEST, Ref
 
@@ -131,7 +131,8 @@ class Staging:
         for p in files:
             rel = p.relative_to(root).as_posix()
             if p.is_symlink():
-                raise UsageError(f"converter left a symlink in the artifact: {rel}", hint="this is a bug in the converter")
+                raise UsageError(f"converter left a symlink in the artifact: {rel}",
+                                 hint="this is a bug in the converter")
             digest = known.get(rel)
             if digest is None:
                 digest = _sha256_with_progress(p, progress)

@@ -38,7 +38,8 @@ def test_precedence_flag_env_config(mreg: Any, tmp_path: Path, monkeypatch: pyte
     assert mreg("config", "--json").json["cache_dir"]["origin"] == "env MREG_CACHE_DIR"
 
 
-def test_pull_uses_config_file_cache(mreg: Any, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pull_uses_config_file_cache(mreg: Any, model_dir: Path, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MREG_CACHE_DIR")
     cfg = tmp_path / "mreg.toml"
     cfg.write_text(f'cache_dir = "{tmp_path / "cfg-cache"}"\n')

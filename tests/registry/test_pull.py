@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from hub_server import LocalHub
 
 
@@ -198,3 +197,28 @@ def test_local_directory_import(mreg: Any, model_dir: Path, tmp_path: Path) -> N
     os.unlink(model_dir / "model.safetensors")
     assert mreg("pull", model_dir).exit_code == 8
     assert mreg("pull", tmp_path / "nope").exit_code == 3
+
+
+def _tree(d: Path) -> dict[str, bytes]:
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert", "llama-sharded"])
+def test_tiny_models_round_trip_through_hub_cache_and_store(mreg: Any, hub: LocalHub, tmp_path: Path,
+                                                            kind: str) -> None:
+    from tiny_models import build_tiny_bert, build_tiny_llama
+
+    src = tmp_path / kind
+    if kind == "bert":
+        build_tiny_bert(src)
+    else:
+        build_tiny_llama(src, shards=2 if kind.endswith("sharded") else 1)
+    tree = _tree(src)
+    commit = hub.add_commit(f"tiny/{kind}", tree)
+    r = mreg("convert", f"tiny/{kind}", "--to", "hf", "--name", kind, "--endpoint", hub.endpoint, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert r.json["source"]["commit"] == commit
+    mreg("promote", f"{kind}@1")
+    mount = Path(mreg("resolve", f"{kind}@production", "--json").json["path"])
+    assert _tree(mount) == tree, "what an engine mounts is byte-identical to the repository"
+    assert any(p.endswith(".safetensors") for p in tree) and "tokenizer.json" in tree

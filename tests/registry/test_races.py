@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import workers
+
 from registry import layout
 from registry.cache import pull_local
 from registry.convert import convert
@@ -55,7 +57,7 @@ def test_sixteen_writers_and_a_reader(model_dir: Path, cache_root: Path, store_r
     assert len(history) == changed + 1, "exactly one history entry per successful flip"
     assert all(e.action == "promote" for e in history)
     assert history[-1].to_version == store.alias("m", "production")
-    for a, b in zip(history, history[1:]):
+    for a, b in itertools.pairwise(history):
         assert b.from_version == a.to_version, "every entry starts where the previous one ended"
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from conftest import write_model
 from registry import layout
 from registry.cache import pull_local
 from registry.convert import convert

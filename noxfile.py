@@ -1,0 +1,39 @@
+"""Developer sessions: tests, lint, demo, bench. Each installs what it needs from this repository."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+nox.options.reuse_existing_virtualenvs = True
+PYTHON = "3.11"
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Run the test suite (no GPU, no network beyond the package registry)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff, mypy --strict, and the exported JSON Schema against the models."""
+    session.install("-e", ".[test,lint]")
+    session.run("ruff", "check", ".")
+    session.run("mypy")
+    session.run("python", "-m", "manifests.export", "--check")
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """The whole loop offline on built-in data: pull from a local hub, register, promote, roll back, mount."""
+    session.install("-e", ".[test]")
+    session.run("python", "tests/demo.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks (minutes, several GB of disk): promote/rollback, registration, hashing, re-pull."""
+    session.install("-e", ".[test]")
+    session.run("python", "tests/bench.py", *session.posargs)
