@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from hub_server import LocalHub  # noqa: E402
-from tiny_models import build_tiny_llama  # noqa: E402
+from hub_server import LocalHub
+from tiny_models import build_tiny_llama
 
 
 def tree(d: Path) -> dict[str, bytes]:

@@ -56,12 +56,12 @@ def publish_and_promote(cache: str, store_root: str, source: str, name: str) -> 
 
     store = LocalStore(Path(store_root))
     snap = pull_local(Path(cache), Path(source))
+    print("pulled", flush=True)
+    t0 = time.monotonic()
     out = convert(store, snap, name, [("hf", {})], copy=True)
     aliases.promote(store, name, out.version)
-    print(out.version.number, flush=True)
+    print(out.version.number, round(time.monotonic() - t0, 4), flush=True)
 
 
 if __name__ == "__main__":
-    fn = globals()[sys.argv[1]]
-    t0 = time.monotonic()
-    fn(*sys.argv[2:])
+    globals()[sys.argv[1]](*sys.argv[2:])

@@ -86,28 +86,39 @@ def test_sigkill_during_publish_never_leaves_a_partial_version(tmp_path: Path, c
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)])}
     cmd = [sys.executable, str(TESTS / "workers.py"), "publish_and_promote", str(cache_root), str(store_root),
            str(src), "big"]
-    # Measure one full run to spread kill moments over the whole of it.
+    # Measure one full run, and its publish phase, to spread kill moments over both.
     (src / "config.json").write_text('{"run": -1}')
     t0 = time.monotonic()
-    subprocess.run(cmd, env=env, check=True, capture_output=True)
-    full = time.monotonic() - t0
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout.split()
+    full, publish = time.monotonic() - t0, float(out[-1])
     rnd = random.Random(7)
-    killed = 0
-    for run in range(24):
-        (src / "config.json").write_text(json.dumps({"run": run}))
-        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(rnd.uniform(0.05, full))
+    killed = runs = mid_publish = 0
+    seen_staging: set[str] = set()
+    while (killed < 20 or mid_publish < 8) and runs < 80:
+        runs += 1
+        (src / "config.json").write_text(json.dumps({"run": runs}))
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if runs % 2:
+            time.sleep(rnd.uniform(0.05, 0.9 * full))  # anywhere: import, pull into the cache, publish
+        else:
+            assert p.stdout is not None
+            p.stdout.readline()  # "pulled": the store write starts now
+            time.sleep(rnd.uniform(0, publish))
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             killed += 1
         p.communicate()
+        staged = {q.name for q in store.tmp.iterdir()} if store.tmp.exists() else set()
+        mid_publish += bool(staged - seen_staging)
+        seen_staging |= staged
         _check_store(store, "big")
     assert killed >= 20, f"only {killed} runs were killed mid-way (a full run takes {full:.2f}s)"
+    assert mid_publish >= 8, f"only {mid_publish} kills landed while a version was being staged"
     (src / "config.json").write_text('{"run": "final"}')
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     _check_store(store, "big")
-    final = int(done.stdout.strip())
+    final = int(done.stdout.split()[-2])
     assert store.alias("big", "production") == final
     from registry.gc import execute_gc, plan_gc
 
