@@ -24,11 +24,12 @@ from pathlib import Path, PurePosixPath
 
 from manifests import PullRecord, SourceFile, SourceInfo
 from registry import atomic, layout, provenance
-from registry.digest import hashes_file
+from registry.digest import hashes_file, sha256_file
 from registry.errors import (
     HubUnavailable,
     InsufficientSpace,
     IntegrityError,
+    MregError,
     NotFound,
     UnsafeInput,
     UsageError,
@@ -278,10 +279,9 @@ def pull_hub(
                      present=present)
     plan = check_space(plan, cache)
     before = _blob_bytes(folder)
-    _download(plan, cache, endpoint, progress)
-    downloaded = max(_blob_bytes(folder) - before, 0)
     snap_dir = folder / "snapshots" / commit
-    files = _verify(plan, snap_dir, progress)
+    files = _fetch_all(plan, cache, endpoint, snap_dir, progress)
+    downloaded = max(_blob_bytes(folder) - before, 0)
     record = PullRecord(
         source=SourceInfo(kind="hub", repo=repo, requested_revision=wanted, commit=commit, endpoint=endpoint,
                           files=files),
@@ -327,51 +327,73 @@ def _blob_bytes(folder: Path) -> int:
     return total
 
 
-def _download(plan: PullPlan, cache: Path, endpoint: str | None, progress: Progress) -> None:
+def _fetch_all(plan: PullPlan, cache: Path, endpoint: str | None, snap_dir: Path,
+               progress: Progress) -> tuple[SourceFile, ...]:
+    """Download (huggingface_hub) and verify every selected file, several at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    progress.start("verifying", sum(f.size for f in plan.selected))
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(plan.selected)))) as pool:
+            futures = [pool.submit(_fetch_one, plan, f, cache, endpoint, snap_dir, progress) for f in plan.selected]
+            outcomes: list[SourceFile | MregError] = []
+            for fut in futures:
+                try:
+                    outcomes.append(fut.result())
+                except MregError as e:
+                    outcomes.append(e)
+    finally:
+        progress.done()
+    errors = [o for o in outcomes if isinstance(o, MregError)]
+    if errors:
+        # Integrity failures first: they say the most about what went wrong.
+        raise next((e for e in errors if isinstance(e, IntegrityError)), errors[0])
+    return tuple(o for o in outcomes if isinstance(o, SourceFile))
+
+
+def _fetch_one(plan: PullPlan, f: RemoteFile, cache: Path, endpoint: str | None, snap_dir: Path,
+               progress: Progress) -> SourceFile:
     import httpx2
     from huggingface_hub import hf_hub_download
 
-    for f in plan.selected:
-        try:
-            hf_hub_download(plan.repo, f.path, revision=plan.commit, cache_dir=cache, endpoint=endpoint)
-        except (httpx2.HTTPError, OSError) as e:
-            if isinstance(e, OSError):
-                atomic.raise_if_full(e, cache)
-            raise HubUnavailable(
-                f"download of {f.path} from {plan.repo}@{plan.commit[:12]} failed: {str(e).splitlines()[0]}",
-                hint="run the same pull again: files already downloaded are kept",
-            ) from e
+    try:
+        hf_hub_download(plan.repo, f.path, revision=plan.commit, cache_dir=cache, endpoint=endpoint)
+    except (httpx2.HTTPError, OSError) as e:
+        if isinstance(e, OSError):
+            atomic.raise_if_full(e, cache)
+        raise HubUnavailable(
+            f"download of {f.path} from {plan.repo}@{plan.commit[:12]} failed: {str(e).splitlines()[0]}",
+            hint="run the same pull again: files already downloaded are kept",
+        ) from e
+    return _verify_one(plan, f, snap_dir, progress)
 
 
-def _verify(plan: PullPlan, snap_dir: Path, progress: Progress) -> tuple[SourceFile, ...]:
-    """Hash every downloaded file; remove and report any that does not match the hub's metadata."""
-    progress.start("verifying", sum(f.size for f in plan.selected))
-    out = []
-    for f in plan.selected:
-        link = snap_dir / f.path
-        blob = link.resolve()
+def _verify_one(plan: PullPlan, f: RemoteFile, snap_dir: Path, progress: Progress) -> SourceFile:
+    """Hash one downloaded file; remove and report it when it does not match the hub's metadata."""
+    link = snap_dir / f.path
+    blob = link.resolve()
+    if f.lfs_sha256 is not None:
+        sha256, git_sha1 = sha256_file(blob, progress.advance), None
+    else:
         sha256, git_sha1 = hashes_file(blob, progress.advance)
-        size = blob.stat().st_size
-        problem = None
-        if size != f.size:
-            problem = f"size is {size}, the hub says {f.size}"
-        elif f.lfs_sha256 is not None and sha256 != f.lfs_sha256:
-            problem = f"sha256 is {sha256[:12]}…, the hub says {f.lfs_sha256[:12]}…"
-        elif f.lfs_sha256 is None and f.blob_id and git_sha1 != f.blob_id:
-            problem = f"git blob id is {git_sha1[:12]}…, the hub says {f.blob_id[:12]}…"
-        if problem:
-            blob.unlink(missing_ok=True)
-            link.unlink(missing_ok=True)
-            progress.done()
-            raise IntegrityError(
-                f"{plan.repo}@{plan.commit[:12]}: {f.path} is corrupt ({problem}); it was removed from the cache",
-                hint="run the pull again; if it fails the same way, the copy on the hub is damaged",
-            )
-        _fsync(blob)
-        out.append(SourceFile(path=f.path, size=size, sha256=sha256, lfs=f.lfs_sha256 is not None,
-                              git_blob_id=f.blob_id if f.lfs_sha256 is None else None))
-    progress.done()
-    return tuple(out)
+    size = blob.stat().st_size
+    problem = None
+    if size != f.size:
+        problem = f"size is {size}, the hub says {f.size}"
+    elif f.lfs_sha256 is not None and sha256 != f.lfs_sha256:
+        problem = f"sha256 is {sha256[:12]}…, the hub says {f.lfs_sha256[:12]}…"
+    elif f.lfs_sha256 is None and f.blob_id and git_sha1 != f.blob_id:
+        problem = f"git blob id is {(git_sha1 or '')[:12]}…, the hub says {f.blob_id[:12]}…"
+    if problem:
+        blob.unlink(missing_ok=True)
+        link.unlink(missing_ok=True)
+        raise IntegrityError(
+            f"{plan.repo}@{plan.commit[:12]}: {f.path} is corrupt ({problem}); it was removed from the cache",
+            hint="run the pull again; if it fails the same way, the copy on the hub is damaged",
+        )
+    _fsync(blob)
+    return SourceFile(path=f.path, size=size, sha256=sha256, lfs=f.lfs_sha256 is not None,
+                      git_blob_id=f.blob_id if f.lfs_sha256 is None else None)
 
 
 def _fsync(path: Path) -> None:
