@@ -13,7 +13,7 @@ from manifests import HistoryEntry
 from registry import provenance
 from registry.errors import Conflict, GateRefused, NotFound, UsageError
 from registry.refs import check_alias, check_name
-from registry.store import Store, Version
+from registry.store import HistoryLoader, Store, Version
 
 NONE = "none"
 
@@ -75,19 +75,16 @@ def promote(
             f"{name}@{version.number} may not be promoted: {'; '.join(problems)}",
             hint="fix the version, or pass --force to promote anyway",
         )
-    with store.alias_lock(name):
-        current = _reconciled(store, name, alias)
-        if expect != "" and current != expect:
-            raise Conflict(
-                f"{name} {alias} is {current if current is not None else 'unset'}, "
-                f"not {expect if expect is not None else 'unset'} as expected; nothing changed",
-                hint=f"run `mreg history {name}` to see who moved it, then retry with the right --expect",
-            )
+    def decide(current: int | None, _history: HistoryLoader) -> HistoryEntry | None:
+        _check_expect(name, alias, current, expect)
         if current == version.number:
-            return AliasChange(name, alias, current, version.number, False, "promote")
-        store.version(name, version.number)  # still published (not collected) under the lock
-        store.set_alias(name, alias, version.number)
-        store.append_history(name, _entry(alias, "promote", current, version.number, reason))
+            return None
+        store.version(name, version.number)  # still published (not collected) as we flip
+        return _entry(alias, "promote", current, version.number, reason)
+
+    current, entry = store.transact_alias(name, alias, decide)
+    if entry is None:
+        return AliasChange(name, alias, current, version.number, False, "promote")
     return AliasChange(name, alias, current, version.number, True, "promote")
 
 
@@ -117,17 +114,13 @@ def rollback(
     """Return `alias` to the version it pointed at before (or to `to`), from the history."""
     check_name(name)
     check_alias(alias)
-    with store.alias_lock(name):
-        current = _reconciled(store, name, alias)
+    def decide(current: int | None, history: HistoryLoader) -> HistoryEntry | None:
         if current is None:
             raise NotFound(f"{name} has no alias {alias}", hint=f"run `mreg promote {name}@VERSION --alias {alias}`")
-        if expect != "" and current != expect:
-            raise Conflict(
-                f"{name} {alias} is {current}, not {expect} as expected; nothing changed",
-                hint=f"run `mreg history {name}` to see who moved it",
-            )
-        if to is None:
-            stack = rollback_stack(store.history(name), alias)
+        _check_expect(name, alias, current, expect)
+        target = to
+        if target is None:
+            stack = rollback_stack(history(), alias)
             while stack and stack[-1] == current:
                 stack.pop()
             if not stack:
@@ -135,31 +128,29 @@ def rollback(
                     f"{name} {alias} has no earlier version to roll back to (it is at {current})",
                     hint=f"pick one with `mreg rollback {name} --to VERSION`",
                 )
-            to = stack[-1]
-        target = store.version(name, to)
-        if target.number == current:
-            return AliasChange(name, alias, current, current, False, "rollback")
-        store.set_alias(name, alias, target.number)
-        store.append_history(name, _entry(alias, "rollback", current, target.number, reason))
-    return AliasChange(name, alias, current, target.number, True, "rollback")
+            target = stack[-1]
+        store.version(name, target)
+        if target == current:
+            return None
+        return _entry(alias, "rollback", current, target, reason)
+
+    current, entry = store.transact_alias(name, alias, decide)
+    if entry is None:
+        return AliasChange(name, alias, current, current or 0, False, "rollback")
+    return AliasChange(name, alias, current, entry.to_version, True, "rollback")
 
 
-def _reconciled(store: Store, name: str, alias: str) -> int | None:
-    """The alias's target; if a crashed writer flipped it without recording, record that first."""
-    current = store.alias(name, alias)
-    if current is None:
-        return None
-    last = store.last_entry(name, alias)
-    if last is None or last.to_version != current:
-        store.append_history(
-            name,
-            _entry(alias, "repair", last.to_version if last else None, current,
-                   "alias found pointing here without a history entry (interrupted writer); recorded"),
+def _check_expect(name: str, alias: str, current: int | None, expect: int | str | None) -> None:
+    if expect != "" and current != expect:
+        raise Conflict(
+            f"{name} {alias} is {current if current is not None else 'unset'}, "
+            f"not {expect if expect is not None else 'unset'} as expected; nothing changed",
+            hint=f"run `mreg history {name}` to see who moved it, then retry with the right --expect",
         )
-    return current
 
 
 def _entry(alias: str, action: str, frm: int | None, to: int, reason: str | None) -> HistoryEntry:
+    """A history entry stamped with who, where and when."""
     return HistoryEntry.model_validate(
         {"alias": alias, "action": action, "from": frm, "to": to, "reason": reason, "by": provenance.now()}
     )

@@ -21,7 +21,7 @@ import shutil
 import socket
 import stat
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -74,14 +74,13 @@ class Store(Protocol):
     def last_entry(self, name: str, alias: str) -> HistoryEntry | None:
         """The newest history entry of one alias."""
 
-    def alias_lock(self, name: str) -> contextlib.AbstractContextManager[object]:
-        """Serialize alias writers of one model."""
+    def transact_alias(self, name: str, alias: str, decide: AliasDecision) -> tuple[int | None, HistoryEntry | None]:
+        """Read an alias, let `decide` choose the change (or None), apply it atomically; returns (before, entry)."""
 
-    def set_alias(self, name: str, alias: str, number: int) -> None:
-        """Atomically point an alias at a version."""
 
-    def append_history(self, name: str, entry: HistoryEntry) -> None:
-        """Append one entry to a model's history."""
+HistoryLoader = Callable[[], list[HistoryEntry]]
+#: Given the alias's current target and a loader of the model's history, the entry to apply (or None).
+AliasDecision = Callable[[int | None, HistoryLoader], HistoryEntry | None]
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:
@@ -290,6 +289,34 @@ class LocalStore:
     def alias_lock(self, name: str) -> contextlib.AbstractContextManager[object]:
         """Serialize alias writers of one model (flock on the model's lock file)."""
         return atomic.flock(layout.model_dir(self.root, name) / layout.ALIAS_LOCK)
+
+    def transact_alias(self, name: str, alias: str, decide: AliasDecision) -> tuple[int | None, HistoryEntry | None]:
+        """Under the model's lock: reconcile, decide, flip the symlink, append the history entry."""
+        if not layout.model_dir(self.root, name).is_dir():
+            raise ModelNotFound(name)
+        with self.alias_lock(name):
+            current = self._reconciled(name, alias)
+            entry = decide(current, lambda: self.history(name))
+            if entry is not None:
+                self.set_alias(name, alias, entry.to_version)
+                self.append_history(name, entry)
+        return current, entry
+
+    def _reconciled(self, name: str, alias: str) -> int | None:
+        """The alias's target; if a crashed writer flipped it without recording, record that first."""
+        from registry import provenance
+
+        current = self.alias(name, alias)
+        if current is None:
+            return None
+        last = self.last_entry(name, alias)
+        if last is None or last.to_version != current:
+            self.append_history(name, HistoryEntry.model_validate({
+                "alias": alias, "action": "repair", "from": last.to_version if last else None, "to": current,
+                "reason": "alias found pointing here without a history entry (interrupted writer); recorded",
+                "by": provenance.now(),
+            }))
+        return current
 
     def set_alias(self, name: str, alias: str, number: int) -> None:
         """Atomically point an alias at a version: new symlink under a temp name, rename over."""

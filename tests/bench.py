@@ -82,8 +82,8 @@ def bench_flips(work: Path, results: dict[str, Any]) -> None:
         promote, rollback = [], []
         for _ in range(100):
             v2 = store.version(name, 2)
-            promote.append(timed(lambda: aliases.promote(store, name, v2)))
-            rollback.append(timed(lambda: aliases.rollback(store, name)))
+            promote.append(timed(lambda s=store, n=name, v=v2: aliases.promote(s, n, v)))
+            rollback.append(timed(lambda s=store, n=name: aliases.rollback(s, n)))
         cli = [sh(BIN / "mreg", "promote", f"{name}@{1 + i % 2}", env=env) for i in range(1, 21)]
         link = work / f"ln-{name}"
         ln = [sh("ln", "-sfn", f"versions/{1 + i % 2}", link) for i in range(20)]
