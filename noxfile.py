@@ -34,6 +34,6 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks (minutes, several GB of disk): promote/rollback, registration, hashing, re-pull."""
-    session.install("-e", ".[test]")
+    """Benchmarks (minutes, several GB of disk): promote/rollback, registration, hashing, re-pull, S3 push/sync."""
+    session.install("-e", ".[test,bench]")
     session.run("python", "tests/bench.py", *session.posargs)

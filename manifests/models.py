@@ -98,6 +98,8 @@ class GGUFRequirements(_Record):
     kind: Literal["gguf"] = "gguf"
     architecture: str
     quantization: str
+    tensor_types: dict[str, int] = Field(default_factory=dict)
+    fallbacks: dict[str, str] = Field(default_factory=dict)
 
 
 class Artifact(_Record):
@@ -142,23 +144,13 @@ class HistoryEntry(_Record):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     alias: str
-    action: Literal["promote", "rollback", "repair"]
+    action: Literal["promote", "rollback", "repair", "sync"]
     from_version: int | None = Field(alias="from")
     to_version: int = Field(alias="to")
     reason: str | None = None
     by: Provenance
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class AliasRecord(_Record):
-    """The state of one alias, as `mreg show` and remote stores report it."""
-
-    schema_version: Literal[1] = SCHEMA_VERSION
-    name: str
-    alias: str
-    version: int
-    manifest_sha256: Sha256
 
 
 class PullRecord(_Record):
@@ -168,3 +160,14 @@ class PullRecord(_Record):
     source: SourceInfo
     skipped: tuple[str, ...] = ()
     pulled: Provenance
+
+
+class AliasRecord(_Record):
+    """One alias in a remote store: its target and its own history, replaced as a whole by compare-and-swap."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str
+    alias: str
+    version: int
+    manifest_sha256: Sha256
+    history: tuple[HistoryEntry, ...] = ()

@@ -59,10 +59,18 @@ def config_option(f: F) -> F:
                         help="Config file (TOML). Default: $XDG_CONFIG_HOME/mreg/config.toml.")(f)
 
 
+def _set_endpoint(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.meta["mreg.endpoint_url"] = value
+
+
 def store_option(f: F) -> F:
-    """`--store`."""
-    return click.option("--store", metavar="DIR",
-                        help="Store root. Else $MREG_STORE, else `store` in the config file.")(f)
+    """`--store` and `--endpoint-url`."""
+    f = click.option("--endpoint-url", metavar="URL", expose_value=False, callback=_set_endpoint,
+                     help="S3 endpoint for s3:// stores (else $AWS_ENDPOINT_URL; AWS when unset).")(f)
+    return click.option("--store", metavar="DIR|s3://BUCKET/PREFIX",
+                        help="Store: a directory or s3://bucket/prefix. Else $MREG_STORE, else `store` in the "
+                             "config file.")(f)
 
 
 def cache_option(f: F) -> F:
@@ -82,8 +90,20 @@ def _local_store(settings: Any) -> Any:
 
     location = settings.require_store()
     if location.startswith("s3://"):
-        raise UsageError("S3 stores are not supported by this build yet", hint="use a local store directory")
+        raise UsageError(f"this command works on a local store, not {location}",
+                         hint="give a directory with --store; use `mreg push` / `mreg sync` to move versions")
     return LocalStore(Path(location))
+
+
+def _s3(url: str) -> Any:
+    from registry.s3store import S3Store
+
+    return S3Store(url, endpoint_url=click.get_current_context().meta.get("mreg.endpoint_url"))
+
+
+def _any_store(settings: Any) -> Any:
+    location = settings.require_store()
+    return _s3(location) if location.startswith("s3://") else _local_store(settings)
 
 
 def _progress(as_json: bool) -> BarProgress:
@@ -261,7 +281,7 @@ def convert(source: str, targets: tuple[str, ...], name: str, copy: bool, config
 @json_option
 def list_cmd(name: str | None, config_path: str | None, store: str | None, as_json: bool) -> None:
     """List the models in the store, or the versions of one model."""
-    st = _local_store(_settings(config_path, store=store))
+    st = _any_store(_settings(config_path, store=store))
     out = Output(as_json)
     if name is None:
         models = [{"name": m, "versions": len(st.versions(m)), "aliases": st.aliases(m)} for m in st.models()]
@@ -302,7 +322,7 @@ def show(ref: str, config_path: str | None, store: str | None, as_json: bool) ->
     from registry.refs import parse_ref
     from registry.store import manifest_json
 
-    st = _local_store(_settings(config_path, store=store))
+    st = _any_store(_settings(config_path, store=store))
     v = st.resolve(parse_ref(ref))
     aliases = sorted(a for a, n in st.aliases(v.name).items() if n == v.number)
     doc = {"name": v.name, "version": v.number, "path": v.path, "manifest_sha256": v.manifest_sha256,
@@ -336,7 +356,7 @@ def history(name: str, alias: str | None, config_path: str | None, store: str | 
     from registry.refs import check_name
 
     check_name(name)
-    st = _local_store(_settings(config_path, store=store))
+    st = _any_store(_settings(config_path, store=store))
     entries = [e for e in st.history(name) if alias is None or e.alias == alias]
     docs = [e.model_dump(mode="json", by_alias=True) for e in entries]
     Output(as_json).result({"name": name, "entries": docs}, lambda: table(
@@ -377,7 +397,7 @@ def promote(ref: str, alias: str, expect: str | None, message: str | None, requi
     from registry.aliases import promote as run_promote
     from registry.refs import parse_ref
 
-    st = _local_store(_settings(config_path, store=store))
+    st = _any_store(_settings(config_path, store=store))
     r = parse_ref(ref)
     change = run_promote(st, r.name, st.resolve(r), alias=alias, expect=parse_expect(expect), reason=message,
                          force=force, require=require)
@@ -399,7 +419,7 @@ def rollback(name: str, alias: str, to: int | None, expect: str | None, message:
     from registry.aliases import parse_expect
     from registry.aliases import rollback as run_rollback
 
-    st = _local_store(_settings(config_path, store=store))
+    st = _any_store(_settings(config_path, store=store))
     change = run_rollback(st, name, alias=alias, to=to, expect=parse_expect(expect), reason=message)
     Output(as_json).result(_change_doc(change), _change_text(change))
 
@@ -421,7 +441,7 @@ def resolve(ref: str, fmt: str, physical: bool, config_path: str | None, store: 
     from registry.errors import NotFound
     from registry.refs import parse_ref
 
-    st = _local_store(_settings(config_path, store=store))
+    st = _any_store(_settings(config_path, store=store))
     r = parse_ref(ref, default="production")
     v = st.resolve(r)
     art = next((a for a in v.manifest.artifacts if a.format == fmt), None)
@@ -430,11 +450,14 @@ def resolve(ref: str, fmt: str, physical: bool, config_path: str | None, store: 
         raise NotFound(f"{v.name}@{v.number} has no {fmt} artifact (it has {have})",
                        hint=f"run `mreg convert ... --to {fmt} --name {v.name}`")
     is_alias = r.number is None and st.alias(r.name, r.ref) is not None
-    base = layout.alias_path(st.root, v.name, r.ref) if is_alias and not physical else Path(v.path)
-    path = base / art.path
-    doc = {"name": v.name, "version": v.number, "format": fmt, "path": str(path),
-           "version_path": str(Path(v.path) / art.path), "alias": r.ref if is_alias else None}
-    Output(as_json).result(doc, str(path))
+    version_path = f"{v.path}/{art.path}"
+    if hasattr(st, "root") and is_alias and not physical:
+        path = str(layout.alias_path(st.root, v.name, r.ref) / art.path)
+    else:
+        path = version_path  # remote stores: the immutable version prefix (mount it with `mreg sync`)
+    doc = {"name": v.name, "version": v.number, "format": fmt, "path": path,
+           "version_path": version_path, "alias": r.ref if is_alias else None}
+    Output(as_json).result(doc, path)
 
 
 @main.command()
@@ -449,13 +472,18 @@ def verify(refs: tuple[str, ...], all_: bool, config_path: str | None, store: st
     from registry.refs import parse_ref
     from registry.verify import verify_version
 
-    st = _local_store(_settings(config_path, store=store))
+    st = _any_store(_settings(config_path, store=store))
     if not refs and not all_:
         raise UsageError("nothing to verify", hint="give NAME@REF arguments or --all")
     versions = [st.resolve(parse_ref(r)) for r in refs]
     if all_:
         versions += [st.version(m, n) for m in st.models() for n in st.versions(m)]
-    reports = [verify_version(st, v, _progress(as_json)) for v in versions]
+    if hasattr(st, "root"):
+        reports: list[Any] = [verify_version(st, v, _progress(as_json)) for v in versions]
+    else:
+        from registry.remote import verify_remote
+
+        reports = [verify_remote(st, v) for v in versions]
     bad = [r for r in reports if not r.ok]
     docs = [{"name": r.name, "version": r.version, "files": r.files, "bytes": r.bytes, "ok": r.ok,
              "problems": list(r.problems)} for r in reports]
@@ -479,21 +507,34 @@ def verify(refs: tuple[str, ...], all_: bool, config_path: str | None, store: st
 @click.option("--keep-latest", default=3, show_default=True, help="Keep the newest K versions of each model.")
 @click.option("--dry-run", is_flag=True, help="Only show the plan (the default without --yes).")
 @click.option("--yes", is_flag=True, help="Carry out the plan.")
+@click.option("--grace-hours", default=24.0, show_default=True,
+              help="S3 stores: only blobs older than this are removed (pushes in flight are protected by leases).")
 @config_option
 @store_option
 @json_option
-def gc(keep_history: int, keep_latest: int, dry_run: bool, yes: bool, config_path: str | None, store: str | None,
-       as_json: bool) -> None:
+def gc(keep_history: int, keep_latest: int, dry_run: bool, yes: bool, grace_hours: float, config_path: str | None,
+       store: str | None, as_json: bool) -> None:
     """Remove unreachable versions, blobs and leftovers of interrupted writes (plan only unless --yes).
 
     Never removes a version an alias points to, one named by the last --keep-history alias
-    changes, or one of the newest --keep-latest versions.
+    changes, or one of the newest --keep-latest versions. On S3, only unreferenced blobs older
+    than --grace-hours are removed; versions are kept.
     """
     from registry.gc import execute_gc, plan_gc
 
-    st = _local_store(_settings(config_path, store=store))
-    plan = plan_gc(st, keep_history=keep_history, keep_latest=keep_latest)
+    st = _any_store(_settings(config_path, store=store))
     applied = yes and not dry_run
+    if not hasattr(st, "root"):
+        from registry.remote import gc_remote
+
+        res = gc_remote(st, grace_s=grace_hours * 3600, apply=applied)
+        Output(as_json).result(
+            {"applied": applied, "versions": [], "blobs": len(res.blobs), "blob_bytes": res.blob_bytes,
+             "stale_leases": len(res.leases), "kept": []},
+            f"{'removed' if applied else 'would remove'}: {len(res.blobs)} blob(s) ({human_size(res.blob_bytes)}),"
+            f" {len(res.leases)} stale lease(s)" + ("" if applied else "\nrun again with --yes to carry this out"))
+        return
+    plan = plan_gc(st, keep_history=keep_history, keep_latest=keep_latest)
     if applied:
         plan = execute_gc(st, plan)
     doc = {"applied": applied, "versions": [{"name": n, "version": v} for n, v in plan.versions],
@@ -511,6 +552,80 @@ def gc(keep_history: int, keep_latest: int, dry_run: bool, yes: bool, config_pat
         return "\n".join(lines)
 
     Output(as_json).result(doc, human)
+
+
+@main.command()
+@click.argument("ref", metavar="NAME@REF")
+@click.argument("remote", metavar="s3://BUCKET/PREFIX")
+@config_option
+@store_option
+@json_option
+def push(ref: str, remote: str, config_path: str | None, store: str | None, as_json: bool) -> None:
+    """Copy a local version to an S3 store: only the blobs it lacks, SHA-256 checked by the server.
+
+    The manifest is written last with a create-only PUT, which also allocates the remote version
+    number; pushing the same version again uploads nothing.
+    """
+    from registry.refs import parse_ref
+    from registry.remote import push as run_push
+
+    local = _local_store(_settings(config_path, store=store))
+    v = local.resolve(parse_ref(ref))
+    out = run_push(local, v, _s3(remote), progress=_progress(as_json))
+    doc = {"name": v.name, "local_version": v.number, "remote": remote, "remote_version": out.version.number,
+           "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
+           "present_blobs": out.present_blobs, "manifest_sha256": out.version.manifest_sha256}
+    Output(as_json).result(doc, (
+        f"✓ {v.name}@{v.number} → {remote} as {v.name}@{out.version.number}"
+        + (" (already there; nothing uploaded)" if out.reused else
+           f" ({out.uploaded_blobs} blob(s), {human_size(out.uploaded_bytes)} uploaded; "
+           f"{out.present_blobs} already there)")))
+
+
+@main.command()
+@click.argument("remote", metavar="s3://BUCKET/PREFIX")
+@click.argument("name")
+@click.option("--alias", default="production", show_default=True, help="Remote alias to follow.")
+@click.option("--watch", type=float, metavar="SECONDS", help="Keep following the alias, checking this often.")
+@config_option
+@store_option
+@json_option
+def sync(remote: str, name: str, alias: str, watch: float | None, config_path: str | None, store: str | None,
+         as_json: bool) -> None:
+    """Materialize a remote alias's version in the local store and flip the local alias to it.
+
+    Every blob is verified while downloaded; the local version is published complete, then the
+    local symlink is flipped, so an engine's mount path moves from one complete tree to another.
+    With --watch it keeps following the alias until SIGTERM or Ctrl-C (one JSON line per change).
+    """
+    import signal
+    import threading
+
+    from registry.refs import check_alias, check_name
+    from registry.remote import sync as run_sync
+    from registry.remote import watch as run_watch
+
+    check_name(name)
+    check_alias(alias)
+    local = _local_store(_settings(config_path, store=store))
+    rs = _s3(remote)
+    out = Output(as_json)
+
+    def report(o: Any) -> None:
+        doc = {"name": name, "alias": alias, "version": o.version, "changed": o.changed,
+               "downloaded_blobs": o.downloaded_blobs, "downloaded_bytes": o.downloaded_bytes,
+               "path": str(local.root / "models" / name / alias)}
+        out.result(doc, f"✓ {name} {alias} → {o.version}" + (
+            f" ({o.downloaded_blobs} blob(s), {human_size(o.downloaded_bytes)} downloaded)" if o.changed else
+            " (already current)"))
+
+    report(run_sync(rs, name, alias, local, progress=_progress(as_json)))
+    if watch is None:
+        return
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    run_watch(rs, name, alias, local, watch, report, stop, lambda e: out.warn(f"{e} ({getattr(e, 'hint', '')})"))
 
 
 def run() -> None:

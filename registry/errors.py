@@ -65,6 +65,10 @@ class HubUnavailable(MregError):
     exit_code = 9
 
 
+class StoreUnreachable(HubUnavailable):
+    """A remote store could not be reached or answered with an unexpected error."""
+
+
 class VersionNotFound(NotFound):
     """A reference does not name an existing version."""
 
@@ -91,5 +95,5 @@ EXIT_CODES: dict[int, str] = {
     6: "refused by a promotion gate",
     7: "not enough free space",
     8: "unsafe input refused (pickle weights, path-traversing file names)",
-    9: "hub unreachable and nothing usable in the cache",
+    9: "hub or remote store unreachable (and, for pulls, nothing usable in the cache)",
 }

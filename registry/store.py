@@ -29,7 +29,7 @@ from typing import Protocol
 from manifests import FileEntry, HistoryEntry, Manifest
 from registry import atomic, layout
 from registry.digest import CHUNK
-from registry.errors import IntegrityError, ModelNotFound, UsageError, VersionNotFound
+from registry.errors import Conflict, IntegrityError, ModelNotFound, UsageError, VersionNotFound
 from registry.progress import NoProgress, Progress
 from registry.refs import LATEST, Ref
 
@@ -62,6 +62,9 @@ class Store(Protocol):
     def resolve(self, ref: Ref) -> Version:
         """The version a reference names."""
 
+    def has_model(self, name: str) -> bool:
+        """Whether the store knows this model."""
+
     def aliases(self, name: str) -> dict[str, int]:
         """Every alias of a model and the version it points to."""
 
@@ -81,6 +84,33 @@ class Store(Protocol):
 HistoryLoader = Callable[[], list[HistoryEntry]]
 #: Given the alias's current target and a loader of the model's history, the entry to apply (or None).
 AliasDecision = Callable[[int | None, HistoryLoader], HistoryEntry | None]
+
+
+def resolve_ref(store: Store, ref: Ref) -> Version:
+    """The version a reference names in any store: number, alias, `latest` or manifest digest prefix."""
+    if ref.number is not None:
+        return store.version(ref.name, ref.number)
+    if not store.has_model(ref.name):
+        raise ModelNotFound(ref.name)
+    if ref.ref == LATEST:
+        numbers = store.versions(ref.name)
+        if not numbers:
+            raise VersionNotFound(ref.name, ref.ref)
+        return store.version(ref.name, numbers[-1])
+    target = store.alias(ref.name, ref.ref)
+    if target is not None:
+        return store.version(ref.name, target)
+    if ref.is_digest_prefix:
+        hits = [v for v in (store.version(ref.name, n) for n in store.versions(ref.name))
+                if v.manifest_sha256.startswith(ref.ref)]
+        if len(hits) > 1:
+            raise UsageError(
+                f"{ref} is ambiguous: it matches versions {', '.join(str(h.number) for h in hits)}",
+                hint="give more digits of the manifest digest",
+            )
+        if hits:
+            return hits[0]
+    raise VersionNotFound(ref.name, ref.ref)
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:
@@ -193,29 +223,11 @@ class LocalStore:
 
     def resolve(self, ref: Ref) -> Version:
         """The version a reference names: number, alias, `latest` or manifest digest prefix."""
-        if ref.number is not None:
-            return self.version(ref.name, ref.number)
-        if not layout.model_dir(self.root, ref.name).is_dir():
-            raise ModelNotFound(ref.name)
-        if ref.ref == LATEST:
-            numbers = self.versions(ref.name)
-            if not numbers:
-                raise VersionNotFound(ref.name, ref.ref)
-            return self.version(ref.name, numbers[-1])
-        target = self.alias(ref.name, ref.ref)
-        if target is not None:
-            return self.version(ref.name, target)
-        if ref.is_digest_prefix:
-            hits = [v for v in (self.version(ref.name, n) for n in self.versions(ref.name))
-                    if v.manifest_sha256.startswith(ref.ref)]
-            if len(hits) > 1:
-                raise UsageError(
-                    f"{ref} is ambiguous: it matches versions {', '.join(str(h.number) for h in hits)}",
-                    hint="give more digits of the manifest digest",
-                )
-            if hits:
-                return hits[0]
-        raise VersionNotFound(ref.name, ref.ref)
+        return resolve_ref(self, ref)
+
+    def has_model(self, name: str) -> bool:
+        """Whether the store knows this model."""
+        return layout.model_dir(self.root, name).is_dir()
 
     def aliases(self, name: str) -> dict[str, int]:
         """Every alias of a model and the version it points to."""
@@ -420,6 +432,26 @@ class LocalStore:
         staging.release()
         return Version(staging.name, number, final, hashlib.sha256(data).hexdigest(),
                        str(vdir / str(number)))
+
+    def publish_exact(self, staging: Staging, manifest_raw: bytes, number: int) -> Version:
+        """Publish a staging tree under a given number with these exact manifest bytes (mirroring a remote)."""
+        vdir = layout.versions_dir(self.root, staging.name)
+        vdir.mkdir(parents=True, exist_ok=True)
+        atomic.write_bytes(staging.path / layout.MANIFEST, manifest_raw, mode=0o444)
+        _fsync_tree_dirs(staging.path)
+        try:
+            os.rename(staging.path, vdir / str(number))
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            if self.version(staging.name, number).manifest_sha256 != hashlib.sha256(manifest_raw).hexdigest():
+                raise Conflict(f"the local store already has a different {staging.name}@{number}",
+                               hint="mirror a remote store into a local store used only for that") from e
+            staging.discard()
+            return self.version(staging.name, number)
+        atomic.fsync_dir(vdir)
+        staging.release()
+        return self.version(staging.name, number)
 
     def blob_digests(self) -> Iterator[tuple[str, Path]]:
         """Every blob in the store, with its path."""

@@ -40,7 +40,7 @@ def reader(store_root: str, name: str, stop_file: str, out: str) -> None:
             if f"versions/{doc['version']}" != target and not target.startswith("versions/"):
                 raise RuntimeError(f"odd target {target}")
             os.stat(alias / "hf" / "config.json")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure to read is what we count
             broken += 1
             if len(errors) < 5:
                 errors.append(repr(e))
@@ -65,3 +65,27 @@ def publish_and_promote(cache: str, store_root: str, source: str, name: str) -> 
 
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])
+
+
+def s3_promoter(url: str, name: str, versions: list[int], attempts: int, seed: int, out: str) -> None:
+    """Promote random versions through an S3 store; count wins, losses (Conflict) and no-ops."""
+    from registry import aliases
+    from registry.errors import Conflict
+    from registry.s3store import S3Store
+
+    store = S3Store(url)
+    rnd = random.Random(seed)
+    won = lost = noop = 0
+    other: list[str] = []
+    for _ in range(attempts):
+        try:
+            change = aliases.promote(store, name, store.version(name, rnd.choice(versions)))
+            if change.changed:
+                won += 1
+            else:
+                noop += 1
+        except Conflict:
+            lost += 1
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            other.append(repr(e))
+    Path(out).write_text(json.dumps({"won": won, "lost": lost, "noop": noop, "other_errors": other}))

@@ -1,0 +1,334 @@
+"""Moving versions between a local store and an S3 store: push, sync, remote verify and gc.
+
+Push: lease → upload the blobs the remote lacks (checked by key, SHA-256 verified by the server)
+→ create-only manifest → key index → drop the lease. A push killed anywhere leaves at most
+unreferenced blobs; the re-push uploads only what is missing.
+
+Sync: alias record → manifest (its digest must match the record) → blobs downloaded into a
+local staging tree, each hashed while written → published locally under the same number →
+local symlink flipped. A corrupt remote blob fails the sync before anything becomes visible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from botocore.exceptions import ClientError
+
+from manifests import HistoryEntry, Manifest
+from registry import layout, provenance
+from registry.errors import Conflict, IntegrityError, NotFound
+from registry.progress import NoProgress, Progress
+from registry.s3store import LEASE_TTL_S, PreconditionFailed, S3Store
+from registry.store import LocalStore, Version
+
+T = TypeVar("T")
+MULTIPART_THRESHOLD = 64 << 20
+PART_SIZE = 32 << 20
+
+
+@dataclass(frozen=True)
+class PushOutcome:
+    """What a push did."""
+
+    version: Version
+    reused: bool
+    uploaded_blobs: int
+    uploaded_bytes: int
+    present_blobs: int
+
+
+def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Progress | None = None,
+         workers: int = 8) -> PushOutcome:
+    """Copy a local version to the remote store; uploads only the blobs it lacks."""
+    progress = progress or NoProgress()
+    existing = remote.find_by_key(version.name, version.manifest.key)
+    if existing is not None:
+        return PushOutcome(existing, True, 0, 0, 0)
+    files = {f.sha256: f.size for a in version.manifest.artifacts for f in a.files}
+    lease = remote.take_lease(sorted(files))
+    try:
+        absent = _parallel(workers, lambda d: not remote.exists(remote.blob_key(d)), list(files))
+        missing = [d for d, gone in zip(files, absent, strict=True) if gone]
+        progress.start(f"pushing {version.name}@{version.number}", sum(files[d] for d in missing))
+        lock = threading.Lock()
+
+        def advance(n: int) -> None:
+            with lock:
+                progress.advance(n)
+
+        _parallel(max(1, workers // 4), lambda d: _upload_blob(local, remote, d, advance), missing)
+        progress.done()
+        published = remote.publish_manifest(version.manifest)
+    finally:
+        remote.delete(lease)
+    return PushOutcome(published, False, len(missing), sum(files[d] for d in missing), len(files) - len(missing))
+
+
+def _upload_blob(local: LocalStore, remote: S3Store, digest: str, advance: Callable[[int], None]) -> None:
+    import base64
+
+    from boto3.s3.transfer import TransferConfig
+
+    path = layout.blob_path(local.root, digest)
+    size = path.stat().st_size
+    key = remote.blob_key(digest)
+    if size < MULTIPART_THRESHOLD:
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise IntegrityError(f"local blob {digest[:12]}… does not match its name",
+                                 hint=f"run `mreg verify --all --store {local.location}`")
+        # The server recomputes the SHA-256 of the body and refuses a mismatch (BadDigest).
+        remote.s3.put_object(Bucket=remote.bucket, Key=key, Body=data,
+                             ChecksumSHA256=base64.b64encode(bytes.fromhex(digest)).decode())
+        advance(size)
+        return
+    config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=PART_SIZE,
+                            max_concurrency=4)
+    remote.s3.upload_file(str(path), remote.bucket, key, Config=config, Callback=advance,
+                          ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": {"sha256": digest}})
+
+
+@dataclass(frozen=True)
+class SyncOutcome:
+    """What a sync did."""
+
+    version: int
+    changed: bool
+    downloaded_blobs: int
+    downloaded_bytes: int
+    entry: HistoryEntry | None = None
+
+
+def sync(remote: S3Store, name: str, alias: str, local: LocalStore, *, progress: Progress | None = None,
+         workers: int = 8) -> SyncOutcome:
+    """Make the local store's `alias` point at a complete local copy of the remote alias's version."""
+    progress = progress or NoProgress()
+    rec, _ = remote.alias_record(name, alias)
+    if rec is None:
+        raise NotFound(f"{name} has no alias {alias} in {remote.location}",
+                       hint=f"promote a version there first: `mreg promote {name}@N --store {remote.location}`")
+    obj = remote.get(remote.manifest_key(name, rec.version))
+    if obj is None or hashlib.sha256(obj.data).hexdigest() != rec.manifest_sha256:
+        raise IntegrityError(f"{remote.location}: {name}@{rec.version} does not match its alias record",
+                             hint=f"run `mreg verify {name}@{rec.version} --store {remote.location}`")
+    manifest = Manifest.model_validate_json(obj.data)
+    downloaded = (0, 0)
+    have = _local_version(local, name, rec.version)
+    if have is None:
+        downloaded = _materialize(remote, local, manifest, obj.data, progress, workers)
+    elif have != rec.manifest_sha256:
+        raise Conflict(f"the local store already has a different {name}@{rec.version}",
+                       hint="sync into a store used only for syncing from this remote")
+    _, entry = local_flip(local, name, alias, rec.version)
+    return SyncOutcome(rec.version, entry is not None, downloaded[0], downloaded[1], entry)
+
+
+def _local_version(local: LocalStore, name: str, number: int) -> str | None:
+    try:
+        return local.version(name, number).manifest_sha256
+    except NotFound:
+        return None
+
+
+def _materialize(remote: S3Store, local: LocalStore, manifest: Manifest, raw: bytes, progress: Progress,
+                 workers: int) -> tuple[int, int]:
+    """Download what the local store lacks into a staging tree, verify, publish under the remote number."""
+    with local.writers():
+        staging = local.stage(manifest.name)
+        try:
+            wanted: dict[str, list[Path]] = {}
+            for art in manifest.artifacts:
+                for f in art.files:
+                    wanted.setdefault(f.sha256, []).append(staging.path / art.path / f.path)
+            sizes = {f.sha256: f.size for a in manifest.artifacts for f in a.files}
+            missing = [d for d in wanted if not layout.blob_path(local.root, d).exists()]
+            progress.start(f"syncing {manifest.name}@{manifest.version}", sum(sizes[d] for d in missing))
+            lock = threading.Lock()
+
+            def fetch(d: str) -> None:
+                first = wanted[d][0]
+                first.parent.mkdir(parents=True, exist_ok=True)
+                _download_verified(remote, d, first, progress, lock)
+
+            _parallel(workers, fetch, missing)
+            progress.done()
+            for d, paths in wanted.items():
+                blob = layout.blob_path(local.root, d)
+                for p in paths:
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                    if p.exists():
+                        local.link_blob(p, d, verify=False)
+                    else:
+                        os.link(blob, p)
+            local.publish_exact(staging, raw, manifest.version)
+        except BaseException:
+            staging.discard()
+            raise
+    return len(missing), sum(sizes[d] for d in missing)
+
+
+def _download_verified(remote: S3Store, digest: str, dest: Path, progress: Progress, lock: threading.Lock) -> None:
+    h = hashlib.sha256()
+    r = remote.s3.get_object(Bucket=remote.bucket, Key=remote.blob_key(digest))
+    with open(dest, "xb") as f:
+        for chunk in r["Body"].iter_chunks(1 << 20):
+            h.update(chunk)
+            f.write(chunk)
+            with lock:
+                progress.advance(len(chunk))
+        f.flush()
+        os.fsync(f.fileno())
+    if h.hexdigest() != digest:
+        raise IntegrityError(
+            f"{remote.location}: blob {digest[:12]}… is corrupt (its content hashes to {h.hexdigest()[:12]}…); "
+            "nothing was published locally",
+            hint=f"re-push the version from a good copy, or run `mreg verify --store {remote.location}`",
+        )
+
+
+def local_flip(local: LocalStore, name: str, alias: str, number: int) -> tuple[int | None, HistoryEntry | None]:
+    """Point a local alias at a version, recording a `sync` entry."""
+
+    def decide(current: int | None, _h: object) -> HistoryEntry | None:
+        if current == number:
+            return None
+        return HistoryEntry.model_validate({"alias": alias, "action": "sync", "from": current, "to": number,
+                                            "reason": "followed the remote alias", "by": provenance.now()})
+
+    return local.transact_alias(name, alias, decide)
+
+
+def watch(remote: S3Store, name: str, alias: str, local: LocalStore, every: float,
+          on_change: Callable[[SyncOutcome], None], stop: threading.Event,
+          on_error: Callable[[Exception], None]) -> None:
+    """Follow a remote alias until `stop` is set; each change is synced and reported."""
+    while not stop.is_set():
+        try:
+            out = sync(remote, name, alias, local)
+            if out.changed:
+                on_change(out)
+        except (IntegrityError, NotFound, Conflict) as e:
+            on_error(e)
+        stop.wait(every)
+
+
+@dataclass(frozen=True)
+class RemoteReport:
+    """Verification of one remote version."""
+
+    name: str
+    version: int
+    files: int
+    bytes: int
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        """Whether everything matched."""
+        return not self.problems
+
+
+def verify_remote(remote: S3Store, version: Version, workers: int = 8) -> RemoteReport:
+    """Download and hash every blob of a remote version."""
+    files = {f.sha256: (f"{a.path}/{f.path}", f.size) for a in version.manifest.artifacts for f in a.files}
+
+    def check(d: str) -> str | None:
+        rel, size = files[d]
+        try:
+            r = remote.s3.get_object(Bucket=remote.bucket, Key=remote.blob_key(d))
+        except ClientError:
+            return f"{rel}: blob {d[:12]}… missing"
+        h = hashlib.sha256()
+        n = 0
+        for chunk in r["Body"].iter_chunks(1 << 20):
+            h.update(chunk)
+            n += len(chunk)
+        if n != size or h.hexdigest() != d:
+            return f"{rel}: blob {d[:12]}… is corrupt (size {n}, sha256 {h.hexdigest()[:12]}…)"
+        return None
+
+    problems = tuple(p for p in _parallel(workers, check, list(files)) if p)
+    return RemoteReport(version.name, version.number, len(files), sum(s for _, s in files.values()), problems)
+
+
+@dataclass(frozen=True)
+class RemoteGC:
+    """What a remote gc found or removed."""
+
+    blobs: tuple[tuple[str, int], ...]
+    leases: tuple[str, ...]
+    applied: bool
+
+    @property
+    def blob_bytes(self) -> int:
+        """Bytes the blob removals free."""
+        return sum(s for _, s in self.blobs)
+
+
+def gc_remote(remote: S3Store, *, grace_s: float = 24 * 3600, apply: bool = False) -> RemoteGC:
+    """Mark from every manifest and live lease; sweep unreferenced blobs older than the grace period."""
+    lock_key = remote.key("gc.lock")
+    if apply:
+        try:
+            remote.put(lock_key, f'{{"at": {time.time()}}}'.encode(), if_none_match=True)
+        except PreconditionFailed as e:
+            raise Conflict("another gc is running on this store", hint="retry when it has finished") from e
+    try:
+        now = time.time()
+        referenced: set[str] = set()
+        stale_leases = []
+        for o in remote.list_objects(remote.key("leases") + "/"):
+            obj = remote.get(o["Key"])
+            if obj is None:
+                continue
+            doc = json.loads(obj.data)
+            if now - float(doc.get("at", 0)) > LEASE_TTL_S:
+                stale_leases.append(o["Key"])
+            else:
+                referenced.update(doc.get("digests", []))
+        for name in remote.models():
+            for n in remote.versions(name):
+                for art in remote.version(name, n).manifest.artifacts:
+                    referenced.update(f.sha256 for f in art.files)
+        doomed = []
+        for o in remote.list_objects(remote.key("blobs", "sha256") + "/"):
+            digest = o["Key"].rsplit("/", 1)[-1]
+            age = now - o["LastModified"].timestamp()
+            if digest not in referenced and age > grace_s:
+                doomed.append((digest, int(o["Size"])))
+        stale_uploads = [
+            (u["Key"], u["UploadId"])
+            for page in remote.s3.get_paginator("list_multipart_uploads").paginate(
+                Bucket=remote.bucket, Prefix=remote.key("blobs") + "/")
+            for u in page.get("Uploads", [])
+            if now - u["Initiated"].timestamp() > grace_s
+        ]
+        if apply:
+            for digest, _ in doomed:
+                remote.delete(remote.blob_key(digest))
+            for key in stale_leases:
+                remote.delete(key)
+            for key, upload_id in stale_uploads:  # parts left by pushes that were killed mid-upload
+                remote.s3.abort_multipart_upload(Bucket=remote.bucket, Key=key, UploadId=upload_id)
+    finally:
+        if apply:
+            remote.delete(lock_key)
+    return RemoteGC(tuple(doomed), tuple(stale_leases), apply)
+
+
+def _parallel(workers: int, fn: Callable[[str], T], items: list[str]) -> list[T]:
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items)))) as pool:
+        return list(pool.map(fn, items))
+
