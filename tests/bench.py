@@ -6,7 +6,9 @@
    disk, and with `--copy`;
 3. sha256 throughput of mreg's hasher against hashlib.file_digest on one core, and `sha256sum`;
 4. a pull and a re-pull of a cached revision through a local hub: bytes transferred and wall time,
-   against `hf download` on the same repository.
+   against `hf download` on the same repository;
+5. push (and re-push) of a 2 GB version to a local S3 server (SeaweedFS) and sync back, against
+   `s5cmd cp` and boto3 `upload_file` / `download_file` of the same files.
 
 Writes bench-results/bench.json. Needs about 15 GB of free disk in --workdir (default ./bench-work).
 """
@@ -170,6 +172,72 @@ def bench_repull(work: Path, results: dict[str, Any]) -> None:
         _rm(d)
 
 
+def bench_s3(work: Path, results: dict[str, Any]) -> None:
+    """Push and sync of a 2 GB version through a local S3 server, against s5cmd and boto3 on the same files."""
+    from s3_server import SeaweedS3
+
+    from registry.remote import push, sync
+    from registry.s3store import S3Store
+
+    src = build_padded_model(work / "src-s3", 2 * 10**9)
+    store = LocalStore(work / "store-s3")
+    version = convert(store, pull_local(work / "cache-s3", src), "big", [("hf", {})]).version
+    size = sum(f.size for a in version.manifest.artifacts for f in a.files)
+    with SeaweedS3(work / "seaweed") as server:
+        server.create_bucket("bench")
+        os.environ.update(server.env)
+        env = {**os.environ, **server.env}
+        client = server.client()
+
+        def mreg_push(run: int) -> float:
+            return timed(lambda: push(store, version, S3Store(f"s3://bench/mreg{run}")))
+
+        def s5_push(run: int) -> float:
+            return sh(BIN / "s5cmd", "--endpoint-url", server.endpoint, "cp", f"{src}/", f"s3://bench/s5cmd{run}/",
+                      env=env)
+
+        def boto_push(run: int) -> float:
+            return timed(lambda: [client.upload_file(str(p), "bench", f"boto3{run}/{p.name}")
+                                  for p in sorted(src.iterdir())])
+
+        # Two rounds in opposite orders (the server warms up as it allocates volumes); best of two each.
+        times: dict[str, list[float]] = {"mreg": [], "s5cmd": [], "boto3": []}
+        for run, order in enumerate(((boto_push, s5_push, mreg_push), (mreg_push, s5_push, boto_push))):
+            for fn in order:
+                times[{mreg_push: "mreg", s5_push: "s5cmd", boto_push: "boto3"}[fn]].append(fn(run))
+        t_push, t_s5, t_boto = min(times["mreg"]), min(times["s5cmd"]), min(times["boto3"])
+        remote = S3Store("s3://bench/mreg0")
+        t_repush = timed(lambda: push(store, version, remote))
+        repushed = push(store, version, remote)
+        from registry import aliases
+
+        aliases.promote(remote, "big", remote.version("big", 1))
+        node = LocalStore(work / "node")
+        t_sync = timed(lambda: sync(remote, "big", "production", node))
+        t_s5_down = sh(BIN / "s5cmd", "--endpoint-url", server.endpoint, "cp", "s3://bench/s5cmd0/*",
+                       f"{work / 's5-down'}/", env=env)
+
+        def boto_download() -> None:
+            (work / "boto-down").mkdir()
+            for p in sorted(src.iterdir()):
+                client.download_file("bench", f"boto30/{p.name}", str(work / "boto-down" / p.name))
+
+        t_boto_down = timed(boto_download)
+    mb = size / 1e6
+    results["s3_2GB"] = {
+        "bytes": size,
+        "mreg_push_s": round(t_push, 2), "mreg_push_MBps": round(mb / t_push, 1),
+        "s5cmd_cp_up_s": round(t_s5, 2), "boto3_upload_file_s": round(t_boto, 2),
+        "mreg_repush_s": round(t_repush, 3), "mreg_repush_uploaded_bytes": repushed.uploaded_bytes,
+        "mreg_sync_s": round(t_sync, 2), "mreg_sync_MBps": round(mb / t_sync, 1),
+        "s5cmd_cp_down_s": round(t_s5_down, 2), "boto3_download_file_s": round(t_boto_down, 2),
+    }
+    print(f"s3: {results['s3_2GB']}", flush=True)
+    for d in (src, work / "store-s3", work / "cache-s3", work / "seaweed", work / "node", work / "s5-down",
+              work / "boto-down"):
+        _rm(d)
+
+
 def _rm(path: Path) -> None:
     if path.exists():
         subprocess.run(["chmod", "-R", "u+w", str(path)], check=False)
@@ -180,14 +248,14 @@ def main() -> int:
     """Run the selected benchmarks and write bench-results/bench.json."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="bench-work")
-    ap.add_argument("--only", choices=["flips", "register", "pull"], action="append")
+    ap.add_argument("--only", choices=["flips", "register", "pull", "s3"], action="append")
     args = ap.parse_args()
     work = Path(args.workdir).absolute()
     _rm(work)
     work.mkdir(parents=True)
     results: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
-    chosen = args.only or ["flips", "register", "pull"]
-    for key, fn in (("flips", bench_flips), ("register", bench_register), ("pull", bench_repull)):
+    chosen = args.only or ["flips", "register", "pull", "s3"]
+    for key, fn in (("flips", bench_flips), ("register", bench_register), ("pull", bench_repull), ("s3", bench_s3)):
         if key in chosen:
             fn(work, results)
     out = Path("bench-results")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -45,3 +47,20 @@ def test_history_entry_uses_from_and_to_on_disk() -> None:
     doc = json.loads(e.model_dump_json(by_alias=True))
     assert doc["from"] is None and doc["to"] == 3
     assert Manifest.model_fields["schema_version"].default == 1
+
+
+def test_written_records_validate_against_the_exported_schema(mreg: Any, model_dir: Path, store_root: Path) -> None:
+    import jsonschema
+
+    from manifests.export import SCHEMA_DIR
+
+    assert mreg("convert", model_dir, "--to", "hf", "--name", "m").exit_code == 0
+    assert mreg("promote", "m@1").exit_code == 0
+    schema = json.loads((SCHEMA_DIR / "manifest.schema.json").read_text())
+    manifest = json.loads((store_root / "models/m/versions/1/manifest.json").read_text())
+    jsonschema.validate(manifest, schema)
+    entry_schema = json.loads((SCHEMA_DIR / "history_entry.schema.json").read_text())
+    for line in (store_root / "models/m/history.jsonl").read_text().splitlines():
+        jsonschema.validate(json.loads(line), entry_schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**manifest, "unexpected": 1}, schema)

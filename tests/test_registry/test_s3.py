@@ -271,3 +271,46 @@ def test_sync_is_idempotent_and_local_only_commands_refuse_s3(mreg: Any, model_d
     assert r.exit_code == 2 and "mreg push" in r.stderr
     assert push(LocalStore(Path(os.environ["MREG_STORE"])), LocalStore(Path(os.environ["MREG_STORE"])).version(
         "m", 1), S3Store(remote_url)).reused
+
+
+def test_a_lost_race_through_the_cli_exits_5(mreg: Any, model_dir: Path, remote_url: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    _versions(mreg, model_dir, "m", 3)
+    for v in (1, 2, 3):
+        mreg("push", f"m@{v}", remote_url)
+    mreg("promote", "m@1", "--store", remote_url)
+    real = S3Store.alias_record
+    raced = []
+
+    def read_then_someone_else_writes(self: S3Store, name: str, alias: str) -> Any:
+        got = real(self, name, alias)
+        if not raced:  # another CI job flips the alias between our read and our write
+            raced.append(True)
+            from registry import aliases
+
+            other = S3Store(remote_url)
+            aliases.promote(other, "m", other.version("m", 2))
+        return got
+
+    monkeypatch.setattr(S3Store, "alias_record", read_then_someone_else_writes)
+    r = mreg("promote", "m@3", "--store", remote_url, "--json")
+    assert r.exit_code == 5 and "lost a race" in r.json["error"]["message"]
+    monkeypatch.setattr(S3Store, "alias_record", real)
+    assert S3Store(remote_url).alias("m", "production") == 2, "the other writer's update is not lost"
+    assert [e.to_version for e in S3Store(remote_url).history("m")] == [1, 2]
+
+
+def test_secrets_are_never_printed_or_stored(mreg: Any, model_dir: Path, remote_url: str, s3env: dict[str, str],
+                                             store_root: Path, tmp_path: Path) -> None:
+    _versions(mreg, model_dir, "m", 1)
+    outputs = [mreg("push", "m@1", remote_url, "--json"), mreg("promote", "m@1", "--store", remote_url),
+               mreg("sync", remote_url, "m", "--store", tmp_path / "node"),
+               mreg("show", "m@1", "--store", remote_url, "--json"), mreg("config", "--json")]
+    secret = s3env["AWS_SECRET_ACCESS_KEY"]
+    for r in outputs:
+        assert r.exit_code == 0
+        assert secret not in r.stdout + r.stderr and s3env["AWS_ACCESS_KEY_ID"] not in r.stdout + r.stderr
+    for root in (store_root, tmp_path / "node"):
+        for p in root.rglob("*"):
+            if p.is_file() and p.stat().st_size < 1 << 20:
+                assert secret.encode() not in p.read_bytes(), p
