@@ -263,11 +263,18 @@ class S3Store:
 
     def find_by_key(self, name: str, key: str) -> Version | None:
         """The version made from exactly these inputs, via the key index (no LIST)."""
-        obj = self.get(self.key("models", name, "keys", f"{key}.json"))
-        if obj is None:
-            return None
-        v = self.version(name, int(json.loads(obj.data)["version"]))
-        return v if v.manifest.key == key else None
+        index = self.key("models", name, "keys", f"{key}.json")
+        obj = self.get(index)
+        if obj is not None:
+            v = self.version(name, int(json.loads(obj.data)["version"]))
+            return v if v.manifest.key == key else None
+        # A push killed between its manifest and its index: look at the newest manifests, repair the index.
+        for n in reversed(self.versions(name)[-50:]):
+            v = self.version(name, n)
+            if v.manifest.key == key:
+                self.put(index, json.dumps({"version": n}).encode())
+                return v
+        return None
 
     def publish_manifest(self, manifest: Manifest) -> Version:
         """Create the manifest under the next free number (create-only PUT; on collision, the next)."""

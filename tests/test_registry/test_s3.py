@@ -314,3 +314,14 @@ def test_secrets_are_never_printed_or_stored(mreg: Any, model_dir: Path, remote_
         for p in root.rglob("*"):
             if p.is_file() and p.stat().st_size < 1 << 20:
                 assert secret.encode() not in p.read_bytes(), p
+
+
+def test_repush_after_a_crash_between_manifest_and_index(mreg: Any, model_dir: Path, remote_url: str) -> None:
+    _versions(mreg, model_dir, "m", 1)
+    first = mreg("push", "m@1", remote_url, "--json").json
+    store = S3Store(remote_url)
+    key = store.version("m", 1).manifest.key
+    store.delete(store.key("models", "m", "keys", f"{key}.json"))
+    again = mreg("push", "m@1", remote_url, "--json").json
+    assert again["reused"] is True and again["remote_version"] == first["remote_version"] == 1
+    assert store.versions("m") == [1] and store.exists(store.key("models", "m", "keys", f"{key}.json"))
