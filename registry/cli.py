@@ -383,25 +383,83 @@ def _change_text(c: Any) -> str:
 @click.option("-m", "--message", help="Why (recorded in the history).")
 @click.option("--require", multiple=True, metavar="FORMAT", help="Refuse unless the version has this format.")
 @click.option("--force", is_flag=True, help="Promote even when a gate refuses.")
+@click.option("--reload", "reload_cmd", metavar="CMD", help="After the flip, run this (sh -c) so the engine reloads.")
+@click.option("--reload-url", metavar="URL", help="After the flip, POST to this URL (an engine's reload endpoint).")
+@click.option("--ready-url", metavar="URL", help="Then GET this until it answers 2xx.")
+@click.option("--ready-cmd", metavar="CMD", help="Then run this until it exits 0.")
+@click.option("--ready-timeout", type=float, metavar="SECONDS", help="How long to wait for readiness (default 60).")
 @config_option
 @store_option
 @json_option
 def promote(ref: str, alias: str, expect: str | None, message: str | None, require: tuple[str, ...], force: bool,
-            config_path: str | None, store: str | None, as_json: bool) -> None:
+            reload_cmd: str | None, reload_url: str | None, ready_url: str | None, ready_cmd: str | None,
+            ready_timeout: float | None, config_path: str | None, store: str | None, as_json: bool) -> None:
     """Point an alias at a version with one atomic symlink flip, and record it in the history.
 
     Gates: a version whose verification failed, or without a --require'd format, is refused
     (exit 6) unless --force. Promoting to the current target changes nothing.
+
+    Hooks (flags, or `[models.NAME]` in the config file: reload, reload_url, ready_url,
+    ready_cmd, ready_timeout): after the flip mreg reloads the engine and waits until it is
+    ready; if it is not, the alias is flipped back, both changes are recorded, and mreg exits 10.
+    Commands see MREG_NAME, MREG_ALIAS, MREG_VERSION, MREG_FROM_VERSION, MREG_PATH.
     """
+    from registry import hooks as promotion_hooks
     from registry.aliases import parse_expect
-    from registry.aliases import promote as run_promote
     from registry.refs import parse_ref
 
-    st = _any_store(_settings(config_path, store=store))
+    settings = _settings(config_path, store=store)
+    st = _any_store(settings)
     r = parse_ref(ref)
-    change = run_promote(st, r.name, st.resolve(r), alias=alias, expect=parse_expect(expect), reason=message,
-                         force=force, require=require)
-    Output(as_json).result(_change_doc(change), _change_text(change))
+    hooks = promotion_hooks.merge(promotion_hooks.from_config(settings.raw, r.name), reload_cmd=reload_cmd,
+                                  reload_url=reload_url, ready_url=ready_url, ready_cmd=ready_cmd,
+                                  ready_timeout_s=ready_timeout)
+    configured = settings.raw.get("models", {}).get(r.name, {}).get("require", [])
+    done = promotion_hooks.promote_with_hooks(st, r.name, st.resolve(r), hooks, alias=alias,
+                                              expect=parse_expect(expect), reason=message, force=force,
+                                              require=(*configured, *require))
+    doc = _change_doc(done.change)
+    if done.report is not None:
+        doc["hooks"] = {"ready": done.report.ready, "seconds": round(done.report.seconds, 3),
+                        "steps": list(done.report.steps)}
+    Output(as_json).result(doc, _change_text(done.change) + (
+        f" (engine ready after {done.report.seconds:.1f}s)" if done.report else ""))
+
+
+@main.command("mount-check")
+@click.argument("name")
+@click.option("--alias", default="production", show_default=True, help="Alias the engine follows.")
+@click.option("--mount-root", metavar="PATH", help="Where the engine sees the store root (e.g. /models).")
+@click.option("--verify", "full", is_flag=True, help="Re-hash every file of the target (default: sizes only).")
+@config_option
+@store_option
+@json_option
+def mount_check_cmd(name: str, alias: str, mount_root: str | None, full: bool, config_path: str | None,
+                    store: str | None, as_json: bool) -> None:
+    """Check a deployment against the mount contract and print the path each engine should read.
+
+    The contract: mount the store root (read-only is enough), point the engine at
+    models/NAME/ALIAS/FORMAT/…; the alias is a relative link inside the root; nothing under the
+    model is a separate mount (a subPath or single-file mount never sees a flip). Exit 1 on a
+    violation.
+    """
+    from registry.mount import mount_check
+    from registry.refs import check_alias, check_name
+
+    check_name(name)
+    check_alias(alias)
+    report = mount_check(_local_store(_settings(config_path, store=store)), name, alias, mount_root=mount_root,
+                         verify=full)
+    doc = {"name": name, "alias": alias, "version": report.version, "ok": report.ok,
+           "problems": list(report.problems), "paths": report.paths}
+    Output(as_json).result(doc, lambda: "\n".join(
+        ([f"✓ {name} {alias} → {report.version} meets the mount contract"] if report.ok else
+         [f"✗ {name} {alias}:"] + [f"    {p}" for p in report.problems])
+        + [f"  {fmt:<9} {path}" for fmt, path in report.paths.items()]))
+    if not report.ok:
+        Output(False).error(MregError(f"{name} {alias} does not meet the mount contract",
+                                      hint="see the problems above and the README's serving section"))
+        click.get_current_context().exit(1)
 
 
 @main.command()

@@ -65,6 +65,13 @@ class HubUnavailable(MregError):
     exit_code = 9
 
 
+class EngineNotReady(MregError):
+    """The engine failed its reload or readiness check after a promotion; the alias was flipped back."""
+
+    exit_code = 10
+    outcome: object = None
+
+
 class StoreUnreachable(HubUnavailable):
     """A remote store could not be reached or answered with an unexpected error."""
 
@@ -96,4 +103,5 @@ EXIT_CODES: dict[int, str] = {
     7: "not enough free space",
     8: "unsafe input refused (pickle weights, path-traversing file names)",
     9: "hub or remote store unreachable (and, for pulls, nothing usable in the cache)",
+    10: "promoted, but the engine failed its reload or readiness check: the alias was flipped back",
 }
