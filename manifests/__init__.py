@@ -1,5 +1,6 @@
 """Pydantic schema of everything mreg writes to storage."""
 
+from manifests.checks import Baseline, CaseResult, CheckRecord, GoldenCase
 from manifests.models import (
     SCHEMA_VERSION,
     AliasRecord,
@@ -10,6 +11,7 @@ from manifests.models import (
     GGUFRequirements,
     HistoryEntry,
     Manifest,
+    ModelInfo,
     Provenance,
     PullRecord,
     SourceFile,
@@ -22,12 +24,17 @@ __all__ = [
     "SCHEMA_VERSION",
     "AliasRecord",
     "Artifact",
+    "Baseline",
+    "CaseResult",
+    "CheckRecord",
     "ConverterInfo",
     "FileEntry",
     "Format",
     "GGUFRequirements",
+    "GoldenCase",
     "HistoryEntry",
     "Manifest",
+    "ModelInfo",
     "Provenance",
     "PullRecord",
     "SourceFile",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from manifests.checks import Baseline, CheckRecord, GoldenCase
 from manifests.models import AliasRecord, HistoryEntry, Manifest, PullRecord
 
 SCHEMA_DIR = Path(__file__).parent / "schema"
@@ -16,6 +17,9 @@ RECORDS: dict[str, type[BaseModel]] = {
     "history_entry": HistoryEntry,
     "alias_record": AliasRecord,
     "pull_record": PullRecord,
+    "check_record": CheckRecord,
+    "baseline": Baseline,
+    "golden_case": GoldenCase,
 }
 
 

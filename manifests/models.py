@@ -126,6 +126,17 @@ class Provenance(_Record):
     python: str
 
 
+class ModelInfo(_Record):
+    """What serving engines need to know of the model itself, read from the source's config at conversion."""
+
+    architecture: str | None = None
+    model_type: str | None = None
+    context_length: int | None = None
+    tokenizer: str | None = None
+    tokenizer_files: tuple[str, ...] = ()
+    chat_template: bool = False
+
+
 class Manifest(_Record):
     """A complete, immutable version of a model: written last, its presence publishes the version."""
 
@@ -136,6 +147,7 @@ class Manifest(_Record):
     parent: int | None = None
     source: SourceInfo
     artifacts: tuple[Artifact, ...]
+    model: ModelInfo | None = None
     created: Provenance
 
 

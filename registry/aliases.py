@@ -30,17 +30,25 @@ class AliasChange:
     action: str
 
 
-def check_gates(version: Version, requirements: Sequence[str] = ()) -> list[str]:
-    """Every reason a version may not be promoted (empty when it may)."""
+def check_gates(version: Version, requirements: Sequence[str] = (), store: Store | None = None) -> list[str]:
+    """Every reason a version may not be promoted (empty when it may).
+
+    A requirement is a format (`hf`, `gguf`, …) the version must carry, or `check[:GOLDEN]`: the
+    latest golden-set check of this version (of that set) must have passed.
+    """
     problems = []
     for art in version.manifest.artifacts:
         if art.verification.status == "failed":
             problems.append(f"{art.format} artifact failed verification ({art.verification.method})")
     formats = {a.format for a in version.manifest.artifacts}
     for req in requirements:
-        fmt = req.split(":", 1)[0]
-        if fmt not in formats:
-            problems.append(f"no {fmt} artifact (required by --require {req})")
+        kind = req.split(":", 1)[0]
+        if kind == "check":
+            from registry.check import check_problems
+
+            problems += check_problems(store, version, req)
+        elif kind not in formats:
+            problems.append(f"no {kind} artifact (required by --require {req})")
     return problems
 
 
@@ -69,7 +77,7 @@ def promote(
     """Point `alias` at `version` atomically, after the gates and the `--expect` check."""
     check_name(name)
     check_alias(alias)
-    problems = check_gates(version, require)
+    problems = check_gates(version, require, store)
     if problems and not force:
         raise GateRefused(
             f"{name}@{version.number} may not be promoted: {'; '.join(problems)}",

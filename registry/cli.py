@@ -686,6 +686,57 @@ def sync(remote: str, name: str, alias: str, watch: float | None, config_path: s
     run_watch(rs, name, alias, local, watch, report, stop, lambda e: out.warn(f"{e} ({getattr(e, 'hint', '')})"))
 
 
+@main.command()
+@click.argument("ref", metavar="NAME@REF")
+@click.option("--golden", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Golden cases, one JSON object per line.")
+@click.option("--format", "fmt", type=click.Choice(["hf", "gguf"]), help="Artifact to run (default: gguf, else hf).")
+@click.option("--min-hit-rate", default=1.0, show_default=True, help="Share of `contains` keywords that must hit.")
+@click.option("--record-baseline", is_flag=True, help="Store these outputs as the expected ones for later versions.")
+@config_option
+@store_option
+@json_option
+def check(ref: str, golden: Path, fmt: str | None, min_hit_rate: float, record_baseline: bool,
+          config_path: str | None, store: str | None, as_json: bool) -> None:
+    """Run a golden set through a version's artifact (greedy, fixed seed) and record the result.
+
+    Each case gives `prompt`, `messages` (rendered with the model's chat template) or `text`
+    (encoders), and `expect`: contains / not_contains (keywords), regex, json (true or a JSON
+    Schema), max_latency_ms, min_tokens_per_s, min_cosine. Once a baseline is recorded, later
+    versions must reproduce its outputs. The record is kept beside the version (the manifest is
+    not touched); `mreg promote --require check[:GOLDEN]` insists on a passing one. Exit 11 on failure.
+    """
+    from registry.check import load_golden, run_check
+    from registry.errors import CheckFailed
+    from registry.refs import parse_ref
+
+    st = _local_store(_settings(config_path, store=store))
+    v = st.resolve(parse_ref(ref))
+    rec = run_check(st, v, load_golden(golden), fmt=fmt, min_keyword_hit_rate=min_hit_rate,
+                    record_baseline=record_baseline)
+    doc = rec.model_dump(mode="json")
+
+    def human() -> str:
+        rows = [[c.id, "pass" if c.passed else "FAIL", str(c.prompt_tokens), str(c.output_tokens),
+                 f"{c.latency_ms:.0f}", f"{c.keyword_hits}/{c.keyword_total}" if c.keyword_total else "-",
+                 "; ".join(c.failures)] for c in rec.cases]
+        head = (f"{'✓' if rec.passed else '✗'} {rec.name}@{rec.version} {rec.golden}: "
+                f"{sum(c.passed for c in rec.cases)}/{len(rec.cases)} cases passed"
+                + (f", keyword hit rate {rec.keyword_hit_rate:.2f}" if rec.keyword_hit_rate is not None else "")
+                + f", p50 {rec.latency_p50_ms:.0f} ms, p95 {rec.latency_p95_ms:.0f} ms"
+                + (f", {rec.tokens_per_s:g} tokens/s" if rec.tokens_per_s else "")
+                + f" ({rec.runtime_version}; {rec.hardware})"
+                + ("; baseline recorded" if record_baseline else ""))
+        return head + "\n" + table(rows, ["CASE", "RESULT", "IN", "OUT", "MS", "KEYWORDS", "WHY"])
+
+    Output(as_json).result(doc, human)
+    if not rec.passed:
+        err = CheckFailed(f"{rec.name}@{rec.version} failed golden set {rec.golden!r}",
+                          hint="see the failing cases above; the record is kept, so promotion gates see it")
+        Output(False).error(err)
+        click.get_current_context().exit(err.exit_code)
+
+
 def run() -> None:
     """Console entry point."""
     main(prog_name="mreg")

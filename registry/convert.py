@@ -18,6 +18,7 @@ from manifests import Artifact, ConverterInfo, Manifest, SourceInfo
 from registry import provenance
 from registry.cache import Snapshot
 from registry.errors import IntegrityError
+from registry.modelinfo import read_model_info
 from registry.progress import NoProgress, Progress
 from registry.refs import check_name
 from registry.store import LocalStore, Staging, Version
@@ -112,6 +113,7 @@ def convert(
                 key=key,
                 source=snapshot.record.source,
                 artifacts=tuple(artifacts),
+                model=read_model_info(snapshot.record.source, snapshot.file),
                 created=provenance.now(),
             )
             version = store.publish(staging, manifest)

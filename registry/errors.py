@@ -72,6 +72,12 @@ class EngineNotReady(MregError):
     outcome: object = None
 
 
+class CheckFailed(MregError):
+    """A golden-set check did not pass."""
+
+    exit_code = 11
+
+
 class StoreUnreachable(HubUnavailable):
     """A remote store could not be reached or answered with an unexpected error."""
 
@@ -104,4 +110,5 @@ EXIT_CODES: dict[int, str] = {
     8: "unsafe input refused (pickle weights, path-traversing file names)",
     9: "hub or remote store unreachable (and, for pulls, nothing usable in the cache)",
     10: "promoted, but the engine failed its reload or readiness check: the alias was flipped back",
+    11: "a golden-set check failed (`mreg check`)",
 }

@@ -1,0 +1,71 @@
+"""Running an artifact: one small session protocol, one runner per format, imported on first use.
+
+`mreg check` uses these to put golden cases through the runtime a format needs: transformers for
+`hf`, llama.cpp (llama-cpp-python) for `gguf`. Greedy decoding and fixed seeds make runs repeatable.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from manifests import Artifact, Manifest
+from registry.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Greedy continuation of a prompt."""
+
+    text: str
+    prompt_tokens: int
+    output_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """A pooled, normalized embedding of a text."""
+
+    vector: tuple[float, ...]
+    prompt_tokens: int
+    seconds: float
+
+
+class Session(Protocol):
+    """A loaded artifact."""
+
+    runtime: str
+    runtime_version: str
+    kind: Literal["decoder", "encoder"]
+    context_length: int | None
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens the model's own tokenizer makes of a text (special tokens included)."""
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """A chat rendered with the model's own chat template, ready for generation."""
+
+    def generate(self, prompt: str, max_new_tokens: int) -> Generation:
+        """Greedy generation."""
+
+    def embed(self, text: str) -> Embedding:
+        """Mean-pooled, L2-normalized embedding (encoders)."""
+
+    def close(self) -> None:
+        """Free the model."""
+
+
+_RUNNERS = {"hf": "converters.run_hf", "gguf": "converters.run_gguf"}
+
+
+def open_session(artifact_dir: Path, artifact: Artifact, manifest: Manifest) -> Session:
+    """Load an artifact with the runtime its format needs."""
+    module = _RUNNERS.get(artifact.format)
+    if module is None:
+        raise UsageError(f"no runtime for {artifact.format} artifacts in this build",
+                         hint=f"check with one of: {', '.join(sorted(_RUNNERS))}")
+    session: Session = importlib.import_module(module).open_session(artifact_dir, artifact, manifest)
+    return session

@@ -1,0 +1,110 @@
+"""Golden-set checks: the cases a team writes, and the append-only records mreg keeps of each run."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from manifests.models import SCHEMA_VERSION, Provenance, Sha256
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ChatMessage(_Strict):
+    """One message of a chat input."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Expectations(_Strict):
+    """What a case's output must satisfy."""
+
+    contains: tuple[str, ...] = ()
+    not_contains: tuple[str, ...] = ()
+    regex: str | None = None
+    json_: bool | dict[str, Any] | None = Field(default=None, alias="json")
+    max_latency_ms: float | None = None
+    min_tokens_per_s: float | None = None
+    min_cosine: float | None = None
+    baseline: bool = True
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class GoldenCase(_Strict):
+    """One line of a golden file: an input and its expectations."""
+
+    id: str = Field(min_length=1, max_length=200)
+    prompt: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    text: str | None = None
+    max_new_tokens: int = Field(default=32, ge=1, le=4096)
+    expect: Expectations = Field(default_factory=Expectations)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> GoldenCase:
+        given = [k for k in ("prompt", "messages", "text") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of prompt, messages, text (got {', '.join(given) or 'none'})")
+        return self
+
+
+class CaseResult(_Strict):
+    """What one case produced and how it was judged."""
+
+    id: str
+    passed: bool
+    output: str | None = None
+    embedding_sha256: str | None = None
+    prompt_tokens: int
+    output_tokens: int = 0
+    latency_ms: float
+    tokens_per_s: float | None = None
+    keyword_hits: int = 0
+    keyword_total: int = 0
+    cosine: float | None = None
+    failures: tuple[str, ...] = ()
+
+
+class CheckRecord(_Strict):
+    """One run of a golden set against one version; kept beside the version, never rewritten."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str
+    version: int
+    manifest_sha256: Sha256
+    golden: str
+    golden_sha256: Sha256
+    format: str
+    runtime: str
+    runtime_version: str
+    hardware: str
+    passed: bool
+    keyword_hit_rate: float | None = None
+    min_keyword_hit_rate: float
+    latency_p50_ms: float
+    latency_p95_ms: float
+    tokens_per_s: float | None = None
+    baseline_from: int | None = None
+    cases: tuple[CaseResult, ...]
+    at: dt.datetime
+    by: Provenance
+
+
+class Baseline(_Strict):
+    """Outputs recorded from one version, expected of the next ones (`mreg check --record-baseline`)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str
+    golden: str
+    golden_sha256: Sha256
+    version: int
+    format: str
+    outputs: dict[str, str] = Field(default_factory=dict)
+    embeddings: dict[str, tuple[float, ...]] = Field(default_factory=dict)
+    by: Provenance
