@@ -79,13 +79,13 @@ def cache_option(f: F) -> F:
                         help="Cache root. Else $MREG_CACHE_DIR, else `cache_dir` in the config file.")(f)
 
 
-def _settings(config_path: str | None, cache_dir: str | None = None, store: str | None = None) -> Any:
+def settings_for(config_path: str | None, cache_dir: str | None = None, store: str | None = None) -> Any:
     from registry import config
 
     return config.load(config_path, cache_dir, store)
 
 
-def _local_store(settings: Any) -> Any:
+def local_store(settings: Any) -> Any:
     from registry.store import LocalStore
 
     location = settings.require_store()
@@ -95,18 +95,18 @@ def _local_store(settings: Any) -> Any:
     return LocalStore(Path(location))
 
 
-def _s3(url: str) -> Any:
+def s3_store(url: str) -> Any:
     from registry.s3store import S3Store
 
     return S3Store(url, endpoint_url=click.get_current_context().meta.get("mreg.endpoint_url"))
 
 
-def _any_store(settings: Any) -> Any:
+def any_store(settings: Any) -> Any:
     location = settings.require_store()
-    return _s3(location) if location.startswith("s3://") else _local_store(settings)
+    return s3_store(location) if location.startswith("s3://") else local_store(settings)
 
 
-def _progress(as_json: bool) -> BarProgress:
+def progress_for(as_json: bool) -> BarProgress:
     return BarProgress(enabled=not as_json and sys.stderr.isatty())
 
 
@@ -140,7 +140,7 @@ def main() -> None:
 @json_option
 def config_cmd(config_path: str | None, cache_dir: str | None, store: str | None, as_json: bool) -> None:
     """Show where the cache and the store are, and where each setting came from."""
-    s = _settings(config_path, cache_dir, store)
+    s = settings_for(config_path, cache_dir, store)
     doc = {
         "config_file": str(s.config_path),
         "config_file_exists": s.config_exists,
@@ -176,7 +176,7 @@ def _do_pull(cache: Path, source: str, include: tuple[str, ...], exclude: tuple[
 
     _quiet_hub(as_json)
     return pull(cache, source, include=include, exclude=exclude, allow_pickle=allow_pickle, offline=offline,
-                endpoint=endpoint, progress=_progress(as_json))
+                endpoint=endpoint, progress=progress_for(as_json))
 
 
 def _snapshot_doc(snap: Any) -> dict[str, Any]:
@@ -203,7 +203,7 @@ def pull(source: str, config_path: str | None, cache_dir: str | None, include: t
     before the first byte; pickle weights are skipped unless --allow-pickle. A commit already in
     the cache is served without network.
     """
-    cache = _settings(config_path, cache_dir).require_cache()
+    cache = settings_for(config_path, cache_dir).require_cache()
     snap = _do_pull(cache, source, include, exclude, allow_pickle, offline, endpoint, as_json)
     doc = _snapshot_doc(snap)
     Output(as_json).result(doc, lambda: "\n".join(filter(None, [
@@ -250,12 +250,12 @@ def convert(source: str, targets: tuple[str, ...], name: str, copy: bool, config
     """
     from registry.convert import convert as run_convert
 
-    settings = _settings(config_path, cache_dir, store)
-    st = _local_store(settings)
+    settings = settings_for(config_path, cache_dir, store)
+    st = local_store(settings)
     cache = settings.require_cache()
     snap = _do_pull(cache, source, include, exclude, allow_pickle, offline, endpoint, as_json)
     outcome = run_convert(st, snap, name, [_parse_target(t) for t in targets], copy=copy,
-                          progress=_progress(as_json))
+                          progress=progress_for(as_json))
     v = outcome.version
     doc = {
         "name": name, "version": v.number, "reused": outcome.reused, "path": v.path,
@@ -281,7 +281,7 @@ def convert(source: str, targets: tuple[str, ...], name: str, copy: bool, config
 @json_option
 def list_cmd(name: str | None, config_path: str | None, store: str | None, as_json: bool) -> None:
     """List the models in the store, or the versions of one model."""
-    st = _any_store(_settings(config_path, store=store))
+    st = any_store(settings_for(config_path, store=store))
     out = Output(as_json)
     if name is None:
         models = [{"name": m, "versions": len(st.versions(m)), "aliases": st.aliases(m)} for m in st.models()]
@@ -322,7 +322,7 @@ def show(ref: str, config_path: str | None, store: str | None, as_json: bool) ->
     from registry.refs import parse_ref
     from registry.store import manifest_json
 
-    st = _any_store(_settings(config_path, store=store))
+    st = any_store(settings_for(config_path, store=store))
     v = st.resolve(parse_ref(ref))
     aliases = sorted(a for a, n in st.aliases(v.name).items() if n == v.number)
     doc = {"name": v.name, "version": v.number, "path": v.path, "manifest_sha256": v.manifest_sha256,
@@ -356,130 +356,13 @@ def history(name: str, alias: str | None, config_path: str | None, store: str | 
     from registry.refs import check_name
 
     check_name(name)
-    st = _any_store(_settings(config_path, store=store))
+    st = any_store(settings_for(config_path, store=store))
     entries = [e for e in st.history(name) if alias is None or e.alias == alias]
     docs = [e.model_dump(mode="json", by_alias=True) for e in entries]
     Output(as_json).result({"name": name, "entries": docs}, lambda: table(
         [[e.by.at.isoformat()[:19], e.alias, e.action, str(e.from_version or "-"), str(e.to_version),
           f"{e.by.user}@{e.by.host}", e.reason or ""] for e in entries],
         ["WHEN", "ALIAS", "ACTION", "FROM", "TO", "BY", "WHY"]) if entries else "(no alias changes)")
-
-
-def _change_doc(c: Any) -> dict[str, Any]:
-    return {"name": c.name, "alias": c.alias, "from": c.from_version, "to": c.to_version, "changed": c.changed,
-            "action": c.action}
-
-
-def _change_text(c: Any) -> str:
-    if not c.changed:
-        return f"✓ {c.name} {c.alias} already at {c.to_version}; nothing changed"
-    return f"✓ {c.name} {c.alias}: {c.from_version if c.from_version is not None else '(unset)'} → {c.to_version}"
-
-
-@main.command()
-@click.argument("ref", metavar="NAME@VERSION")
-@click.option("--alias", default="production", show_default=True, help="Alias to move.")
-@click.option("--expect", metavar="VERSION|none", help="Only if the alias currently points here (else exit 5).")
-@click.option("-m", "--message", help="Why (recorded in the history).")
-@click.option("--require", multiple=True, metavar="FORMAT", help="Refuse unless the version has this format.")
-@click.option("--force", is_flag=True, help="Promote even when a gate refuses.")
-@click.option("--reload", "reload_cmd", metavar="CMD", help="After the flip, run this (sh -c) so the engine reloads.")
-@click.option("--reload-url", metavar="URL", help="After the flip, POST to this URL (an engine's reload endpoint).")
-@click.option("--ready-url", metavar="URL", help="Then GET this until it answers 2xx.")
-@click.option("--ready-cmd", metavar="CMD", help="Then run this until it exits 0.")
-@click.option("--ready-timeout", type=float, metavar="SECONDS", help="How long to wait for readiness (default 60).")
-@config_option
-@store_option
-@json_option
-def promote(ref: str, alias: str, expect: str | None, message: str | None, require: tuple[str, ...], force: bool,
-            reload_cmd: str | None, reload_url: str | None, ready_url: str | None, ready_cmd: str | None,
-            ready_timeout: float | None, config_path: str | None, store: str | None, as_json: bool) -> None:
-    """Point an alias at a version with one atomic symlink flip, and record it in the history.
-
-    Gates: a version whose verification failed, or without a --require'd format, is refused
-    (exit 6) unless --force. Promoting to the current target changes nothing.
-
-    Hooks (flags, or `[models.NAME]` in the config file: reload, reload_url, ready_url,
-    ready_cmd, ready_timeout): after the flip mreg reloads the engine and waits until it is
-    ready; if it is not, the alias is flipped back, both changes are recorded, and mreg exits 10.
-    Commands see MREG_NAME, MREG_ALIAS, MREG_VERSION, MREG_FROM_VERSION, MREG_PATH.
-    """
-    from registry import hooks as promotion_hooks
-    from registry.aliases import parse_expect
-    from registry.refs import parse_ref
-
-    settings = _settings(config_path, store=store)
-    st = _any_store(settings)
-    r = parse_ref(ref)
-    hooks = promotion_hooks.merge(promotion_hooks.from_config(settings.raw, r.name), reload_cmd=reload_cmd,
-                                  reload_url=reload_url, ready_url=ready_url, ready_cmd=ready_cmd,
-                                  ready_timeout_s=ready_timeout)
-    configured = settings.raw.get("models", {}).get(r.name, {}).get("require", [])
-    done = promotion_hooks.promote_with_hooks(st, r.name, st.resolve(r), hooks, alias=alias,
-                                              expect=parse_expect(expect), reason=message, force=force,
-                                              require=(*configured, *require))
-    doc = _change_doc(done.change)
-    if done.report is not None:
-        doc["hooks"] = {"ready": done.report.ready, "seconds": round(done.report.seconds, 3),
-                        "steps": list(done.report.steps)}
-    Output(as_json).result(doc, _change_text(done.change) + (
-        f" (engine ready after {done.report.seconds:.1f}s)" if done.report else ""))
-
-
-@main.command("mount-check")
-@click.argument("name")
-@click.option("--alias", default="production", show_default=True, help="Alias the engine follows.")
-@click.option("--mount-root", metavar="PATH", help="Where the engine sees the store root (e.g. /models).")
-@click.option("--verify", "full", is_flag=True, help="Re-hash every file of the target (default: sizes only).")
-@config_option
-@store_option
-@json_option
-def mount_check_cmd(name: str, alias: str, mount_root: str | None, full: bool, config_path: str | None,
-                    store: str | None, as_json: bool) -> None:
-    """Check a deployment against the mount contract and print the path each engine should read.
-
-    The contract: mount the store root (read-only is enough), point the engine at
-    models/NAME/ALIAS/FORMAT/…; the alias is a relative link inside the root; nothing under the
-    model is a separate mount (a subPath or single-file mount never sees a flip). Exit 1 on a
-    violation.
-    """
-    from registry.mount import mount_check
-    from registry.refs import check_alias, check_name
-
-    check_name(name)
-    check_alias(alias)
-    report = mount_check(_local_store(_settings(config_path, store=store)), name, alias, mount_root=mount_root,
-                         verify=full)
-    doc = {"name": name, "alias": alias, "version": report.version, "ok": report.ok,
-           "problems": list(report.problems), "paths": report.paths}
-    Output(as_json).result(doc, lambda: "\n".join(
-        ([f"✓ {name} {alias} → {report.version} meets the mount contract"] if report.ok else
-         [f"✗ {name} {alias}:"] + [f"    {p}" for p in report.problems])
-        + [f"  {fmt:<9} {path}" for fmt, path in report.paths.items()]))
-    if not report.ok:
-        Output(False).error(MregError(f"{name} {alias} does not meet the mount contract",
-                                      hint="see the problems above and the README's serving section"))
-        click.get_current_context().exit(1)
-
-
-@main.command()
-@click.argument("name")
-@click.option("--alias", default="production", show_default=True, help="Alias to move back.")
-@click.option("--to", "to", type=int, help="Go to this version instead of the previous one.")
-@click.option("--expect", metavar="VERSION", help="Only if the alias currently points here (else exit 5).")
-@click.option("-m", "--message", help="Why (recorded in the history).")
-@config_option
-@store_option
-@json_option
-def rollback(name: str, alias: str, to: int | None, expect: str | None, message: str | None,
-             config_path: str | None, store: str | None, as_json: bool) -> None:
-    """Move an alias back to the version it pointed at before; repeat to walk further back."""
-    from registry.aliases import parse_expect
-    from registry.aliases import rollback as run_rollback
-
-    st = _any_store(_settings(config_path, store=store))
-    change = run_rollback(st, name, alias=alias, to=to, expect=parse_expect(expect), reason=message)
-    Output(as_json).result(_change_doc(change), _change_text(change))
 
 
 @main.command()
@@ -499,7 +382,7 @@ def resolve(ref: str, fmt: str, physical: bool, config_path: str | None, store: 
     from registry.errors import NotFound
     from registry.refs import parse_ref
 
-    st = _any_store(_settings(config_path, store=store))
+    st = any_store(settings_for(config_path, store=store))
     r = parse_ref(ref, default="production")
     v = st.resolve(r)
     art = next((a for a in v.manifest.artifacts if a.format == fmt), None)
@@ -530,14 +413,14 @@ def verify(refs: tuple[str, ...], all_: bool, config_path: str | None, store: st
     from registry.refs import parse_ref
     from registry.verify import verify_version
 
-    st = _any_store(_settings(config_path, store=store))
+    st = any_store(settings_for(config_path, store=store))
     if not refs and not all_:
         raise UsageError("nothing to verify", hint="give NAME@REF arguments or --all")
     versions = [st.resolve(parse_ref(r)) for r in refs]
     if all_:
         versions += [st.version(m, n) for m in st.models() for n in st.versions(m)]
     if hasattr(st, "root"):
-        reports: list[Any] = [verify_version(st, v, _progress(as_json)) for v in versions]
+        reports: list[Any] = [verify_version(st, v, progress_for(as_json)) for v in versions]
     else:
         from registry.remote import verify_remote
 
@@ -580,7 +463,7 @@ def gc(keep_history: int, keep_latest: int, dry_run: bool, yes: bool, grace_hour
     """
     from registry.gc import execute_gc, plan_gc
 
-    st = _any_store(_settings(config_path, store=store))
+    st = any_store(settings_for(config_path, store=store))
     applied = yes and not dry_run
     if not hasattr(st, "root"):
         from registry.remote import gc_remote
@@ -612,135 +495,15 @@ def gc(keep_history: int, keep_latest: int, dry_run: bool, yes: bool, grace_hour
     Output(as_json).result(doc, human)
 
 
-@main.command()
-@click.argument("ref", metavar="NAME@REF")
-@click.argument("remote", metavar="s3://BUCKET/PREFIX")
-@config_option
-@store_option
-@json_option
-def push(ref: str, remote: str, config_path: str | None, store: str | None, as_json: bool) -> None:
-    """Copy a local version to an S3 store: only the blobs it lacks, SHA-256 checked by the server.
-
-    The manifest is written last with a create-only PUT, which also allocates the remote version
-    number; pushing the same version again uploads nothing.
-    """
-    from registry.refs import parse_ref
-    from registry.remote import push as run_push
-
-    local = _local_store(_settings(config_path, store=store))
-    v = local.resolve(parse_ref(ref))
-    out = run_push(local, v, _s3(remote), progress=_progress(as_json))
-    doc = {"name": v.name, "local_version": v.number, "remote": remote, "remote_version": out.version.number,
-           "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
-           "present_blobs": out.present_blobs, "manifest_sha256": out.version.manifest_sha256}
-    Output(as_json).result(doc, (
-        f"✓ {v.name}@{v.number} → {remote} as {v.name}@{out.version.number}"
-        + (" (already there; nothing uploaded)" if out.reused else
-           f" ({out.uploaded_blobs} blob(s), {human_size(out.uploaded_bytes)} uploaded; "
-           f"{out.present_blobs} already there)")))
-
-
-@main.command()
-@click.argument("remote", metavar="s3://BUCKET/PREFIX")
-@click.argument("name")
-@click.option("--alias", default="production", show_default=True, help="Remote alias to follow.")
-@click.option("--watch", type=float, metavar="SECONDS", help="Keep following the alias, checking this often.")
-@config_option
-@store_option
-@json_option
-def sync(remote: str, name: str, alias: str, watch: float | None, config_path: str | None, store: str | None,
-         as_json: bool) -> None:
-    """Materialize a remote alias's version in the local store and flip the local alias to it.
-
-    Every blob is verified while downloaded; the local version is published complete, then the
-    local symlink is flipped, so an engine's mount path moves from one complete tree to another.
-    With --watch it keeps following the alias until SIGTERM or Ctrl-C (one JSON line per change).
-    """
-    import signal
-    import threading
-
-    from registry.refs import check_alias, check_name
-    from registry.remote import sync as run_sync
-    from registry.remote import watch as run_watch
-
-    check_name(name)
-    check_alias(alias)
-    local = _local_store(_settings(config_path, store=store))
-    rs = _s3(remote)
-    out = Output(as_json)
-
-    def report(o: Any) -> None:
-        doc = {"name": name, "alias": alias, "version": o.version, "changed": o.changed,
-               "downloaded_blobs": o.downloaded_blobs, "downloaded_bytes": o.downloaded_bytes,
-               "path": str(local.root / "models" / name / alias)}
-        out.result(doc, f"✓ {name} {alias} → {o.version}" + (
-            f" ({o.downloaded_blobs} blob(s), {human_size(o.downloaded_bytes)} downloaded)" if o.changed else
-            " (already current)"))
-
-    report(run_sync(rs, name, alias, local, progress=_progress(as_json)))
-    if watch is None:
-        return
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    run_watch(rs, name, alias, local, watch, report, stop, lambda e: out.warn(f"{e} ({getattr(e, 'hint', '')})"))
-
-
-@main.command()
-@click.argument("ref", metavar="NAME@REF")
-@click.option("--golden", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Golden cases, one JSON object per line.")
-@click.option("--format", "fmt", type=click.Choice(["hf", "gguf"]), help="Artifact to run (default: gguf, else hf).")
-@click.option("--min-hit-rate", default=1.0, show_default=True, help="Share of `contains` keywords that must hit.")
-@click.option("--record-baseline", is_flag=True, help="Store these outputs as the expected ones for later versions.")
-@config_option
-@store_option
-@json_option
-def check(ref: str, golden: Path, fmt: str | None, min_hit_rate: float, record_baseline: bool,
-          config_path: str | None, store: str | None, as_json: bool) -> None:
-    """Run a golden set through a version's artifact (greedy, fixed seed) and record the result.
-
-    Each case gives `prompt`, `messages` (rendered with the model's chat template) or `text`
-    (encoders), and `expect`: contains / not_contains (keywords), regex, json (true or a JSON
-    Schema), max_latency_ms, min_tokens_per_s, min_cosine. Once a baseline is recorded, later
-    versions must reproduce its outputs. The record is kept beside the version (the manifest is
-    not touched); `mreg promote --require check[:GOLDEN]` insists on a passing one. Exit 11 on failure.
-    """
-    from registry.check import load_golden, run_check
-    from registry.errors import CheckFailed
-    from registry.refs import parse_ref
-
-    st = _local_store(_settings(config_path, store=store))
-    v = st.resolve(parse_ref(ref))
-    rec = run_check(st, v, load_golden(golden), fmt=fmt, min_keyword_hit_rate=min_hit_rate,
-                    record_baseline=record_baseline)
-    doc = rec.model_dump(mode="json")
-
-    def human() -> str:
-        rows = [[c.id, "pass" if c.passed else "FAIL", str(c.prompt_tokens), str(c.output_tokens),
-                 f"{c.latency_ms:.0f}", f"{c.keyword_hits}/{c.keyword_total}" if c.keyword_total else "-",
-                 "; ".join(c.failures)] for c in rec.cases]
-        head = (f"{'✓' if rec.passed else '✗'} {rec.name}@{rec.version} {rec.golden}: "
-                f"{sum(c.passed for c in rec.cases)}/{len(rec.cases)} cases passed"
-                + (f", keyword hit rate {rec.keyword_hit_rate:.2f}" if rec.keyword_hit_rate is not None else "")
-                + f", p50 {rec.latency_p50_ms:.0f} ms, p95 {rec.latency_p95_ms:.0f} ms"
-                + (f", {rec.tokens_per_s:g} tokens/s" if rec.tokens_per_s else "")
-                + f" ({rec.runtime_version}; {rec.hardware})"
-                + ("; baseline recorded" if record_baseline else ""))
-        return head + "\n" + table(rows, ["CASE", "RESULT", "IN", "OUT", "MS", "KEYWORDS", "WHY"])
-
-    Output(as_json).result(doc, human)
-    if not rec.passed:
-        err = CheckFailed(f"{rec.name}@{rec.version} failed golden set {rec.golden!r}",
-                          hint="see the failing cases above; the record is kept, so promotion gates see it")
-        Output(False).error(err)
-        click.get_current_context().exit(err.exit_code)
-
-
 def run() -> None:
     """Console entry point."""
     main(prog_name="mreg")
 
+
+# The other command groups register themselves on `main` when imported.
+from registry import cli_release, cli_remote  # noqa: E402
+
+__all__ = ["cli_release", "cli_remote", "main", "run"]
 
 if __name__ == "__main__":  # pragma: no cover
     run()
