@@ -133,8 +133,9 @@ def test_sigkill_during_push(mreg: Any, tmp_path: Path, remote_url: str, s3env: 
     total = sum(p.stat().st_size for p in src.iterdir())
     from registry.remote import verify_remote
 
-    killed = 0
-    for run in range(10):
+    killed = run = 0
+    while killed < 10 and run < 25:
+        run += 1
         url = f"{remote_url}-{run}"
         store = S3Store(url)
         p = subprocess.Popen([*cmd[:-2], url, "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -156,7 +157,7 @@ def test_sigkill_during_push(mreg: Any, tmp_path: Path, remote_url: str, s3env: 
         assert doc["reused"] or doc["uploaded_bytes"] < total or present == 0
         assert store.versions("big") == [1]
         assert verify_remote(store, store.version("big", 1)).ok
-    assert killed >= 8, f"only {killed} of 10 pushes were killed mid-way (a full push takes {full:.2f}s)"
+    assert killed >= 10, f"only {killed} of {run} pushes were killed mid-way (a full push takes {full:.2f}s)"
 
 
 def test_sync_follows_the_alias_under_a_promotion_storm(mreg: Any, model_dir: Path, remote_url: str,
