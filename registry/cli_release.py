@@ -186,3 +186,38 @@ def check(ref: str, golden: Path, fmt: str | None, min_hit_rate: float, record_b
                           hint="see the failing cases above; the record is kept, so promotion gates see it")
         Output(False).error(err)
         click.get_current_context().exit(err.exit_code)
+
+
+@main.group("export")
+def export_group() -> None:
+    """Views of a version for serving systems that want their own layout."""
+
+
+@export_group.command("triton")
+@click.argument("ref", metavar="NAME@REF")
+@click.option("--repo", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Triton model repository (keep it inside the store root so links resolve in containers).")
+@click.option("--max-batch-size", default=8, show_default=True, help="Triton max_batch_size for dynamic batching.")
+@click.option("--backend", "prefer", type=click.Choice(["auto", "onnx", "tensorrt"]), default="auto",
+              show_default=True, help="Serve the ONNX model or the TensorRT plans (auto: plans when present).")
+@config_option
+@store_option
+@json_option
+def export_triton(ref: str, repo: Path, max_batch_size: int, prefer: str, config_path: str | None,
+                  store: str | None, as_json: bool) -> None:
+    """Write a Triton model repository entry for a version: links, config.pbtxt, one atomic rename.
+
+    The version directory holds links to the ONNX model (and its data file) or to one TensorRT
+    plan per compute capability (`cc_model_filenames`); config.pbtxt carries inputs, outputs and
+    dims read from the ONNX graph, dynamic batching, and a version policy serving this version.
+    """
+    from registry import triton
+    from registry.refs import parse_ref
+
+    st = local_store(settings_for(config_path, store=store))
+    v = st.resolve(parse_ref(ref))
+    out = triton.export(v, repo, max_batch_size=max_batch_size, prefer=prefer)
+    Output(as_json).result(
+        {"name": v.name, "version": v.number, "platform": out.platform, "model_dir": str(out.model_dir),
+         "version_dir": str(out.version_dir), "config": out.config},
+        f"✓ {v.name}@{v.number} → {out.version_dir} ({out.platform})")

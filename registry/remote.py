@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,6 +30,7 @@ from registry.errors import Conflict, IntegrityError, NotFound
 from registry.progress import NoProgress, Progress
 from registry.s3store import LEASE_TTL_S, PreconditionFailed, S3Store
 from registry.store import LocalStore, Version
+from registry.verify import VerifyReport
 
 T = TypeVar("T")
 MULTIPART_THRESHOLD = 64 << 20
@@ -222,23 +223,7 @@ def watch(remote: S3Store, name: str, alias: str, local: LocalStore, every: floa
         stop.wait(every)
 
 
-@dataclass(frozen=True)
-class RemoteReport:
-    """Verification of one remote version."""
-
-    name: str
-    version: int
-    files: int
-    bytes: int
-    problems: tuple[str, ...] = field(default=())
-
-    @property
-    def ok(self) -> bool:
-        """Whether everything matched."""
-        return not self.problems
-
-
-def verify_remote(remote: S3Store, version: Version, workers: int = 8) -> RemoteReport:
+def verify_remote(remote: S3Store, version: Version, workers: int = 8) -> VerifyReport:
     """Download and hash every blob of a remote version."""
     files = {f.sha256: (f"{a.path}/{f.path}", f.size) for a in version.manifest.artifacts for f in a.files}
 
@@ -258,7 +243,7 @@ def verify_remote(remote: S3Store, version: Version, workers: int = 8) -> Remote
         return None
 
     problems = tuple(p for p in _parallel(workers, check, list(files)) if p)
-    return RemoteReport(version.name, version.number, len(files), sum(s for _, s in files.values()), problems)
+    return VerifyReport(version.name, version.number, len(files), sum(s for _, s in files.values()), problems)
 
 
 @dataclass(frozen=True)
