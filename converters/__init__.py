@@ -31,6 +31,8 @@ class ConversionRequest:
     workdir: Path
     progress: Progress
     place: PlaceFile
+    #: Artifact directories already in this version (carried from the parent or made earlier in this run).
+    artifacts: dict[str, Path] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

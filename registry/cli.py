@@ -223,16 +223,34 @@ def _how(snap: Any) -> str:
     return f", {human_size(snap.downloaded_bytes)} downloaded"
 
 
+def _version_source(st: Any, source: str) -> Any:
+    """The version a convert SOURCE names, when it is `NAME@REF` of a model in the store."""
+    from registry.cache import local_source
+    from registry.refs import parse_ref
+
+    head = source.split("@", 1)[0]
+    if "/" in head or local_source(source) is not None or not layout_name_ok(head) or not st.has_model(head):
+        return None
+    return st.resolve(parse_ref(source))
+
+
+def layout_name_ok(name: str) -> bool:
+    """Whether a string can be a model name."""
+    from registry import layout
+
+    return bool(layout.NAME_RE.match(name))
+
+
 def _parse_target(text: str) -> tuple[str, dict[str, Any]]:
     fmt, _, spec = text.partition(":")
     return fmt, ({"spec": spec} if spec else {})
 
 
 @main.command()
-@click.argument("source", metavar="REPO[@REVISION] | ./DIR")
+@click.argument("source", metavar="REPO[@REVISION] | ./DIR | NAME@REF")
 @click.option("--to", "targets", multiple=True, required=True, metavar="FORMAT[:SPEC]",
-              help="Target format (repeatable; all share one read of the source). Available: hf.")
-@click.option("--name", required=True, help="Model name in the store.")
+              help="Target format (repeatable), e.g. hf, gguf:Q4_K_M, onnx, onnx:fp16.")
+@click.option("--name", help="Model name in the store (default for NAME@REF sources: the same model).")
 @click.option("--copy", is_flag=True,
               help="Copy files into the store instead of hard-linking them from the cache.")
 @config_option
@@ -240,22 +258,42 @@ def _parse_target(text: str) -> tuple[str, dict[str, Any]]:
 @store_option
 @pull_options
 @json_option
-def convert(source: str, targets: tuple[str, ...], name: str, copy: bool, config_path: str | None,
+def convert(source: str, targets: tuple[str, ...], name: str | None, copy: bool, config_path: str | None,
             cache_dir: str | None, store: str | None, include: tuple[str, ...], exclude: tuple[str, ...],
             allow_pickle: bool, offline: bool, endpoint: str | None, as_json: bool) -> None:
     """Convert a source (pulled into the cache first if needed) into a new, verified version.
 
-    The same conversion (same source bytes, converter, options and tool versions) run again
-    returns the existing version without new work.
+    SOURCE is a hub repository, a local directory, or an existing version (NAME@REF): then the
+    new version carries that version's artifacts (no copy) and adds the targets to them. The
+    same conversion (same source bytes, converters, options, tool versions) run again returns
+    the existing version without new work.
     """
     from registry.convert import convert as run_convert
 
     settings = settings_for(config_path, cache_dir, store)
     st = local_store(settings)
     cache = settings.require_cache()
-    snap = _do_pull(cache, source, include, exclude, allow_pickle, offline, endpoint, as_json)
+    parent = _version_source(st, source)
+    if parent is not None:
+        src = parent.manifest.source
+        if src.kind == "local":
+            from registry.cache import load_record
+
+            snap = load_record(cache, src.repo, src.commit)
+            if snap is None:
+                raise UsageError(f"the source of {parent.name}@{parent.number} ({src.requested_revision}) is no "
+                                 f"longer in the cache {cache}", hint=f"run `mreg pull {src.requested_revision}`")
+        else:
+            snap = _do_pull(cache, f"{src.repo}@{src.commit}", include, exclude, allow_pickle, offline,
+                            endpoint or src.endpoint, as_json)
+        name = name or parent.name
+    else:
+        if not name:
+            raise UsageError("--name is required when converting a repository or directory",
+                             hint="e.g. --name qwen2.5-7b")
+        snap = _do_pull(cache, source, include, exclude, allow_pickle, offline, endpoint, as_json)
     outcome = run_convert(st, snap, name, [_parse_target(t) for t in targets], copy=copy,
-                          progress=progress_for(as_json))
+                          progress=progress_for(as_json), parent=parent)
     v = outcome.version
     doc = {
         "name": name, "version": v.number, "reused": outcome.reused, "path": v.path,

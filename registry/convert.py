@@ -53,18 +53,33 @@ def convert(
     *,
     copy: bool = False,
     progress: Progress | None = None,
+    parent: Version | None = None,
 ) -> ConversionOutcome:
-    """Make (or find) the version of `name` holding `targets` converted from `snapshot`."""
+    """Make (or find) the version of `name` holding `targets` converted from `snapshot`.
+
+    With `parent`, the new version carries the parent's artifacts (links to the same blobs, no
+    copy) and adds or replaces the targets; a target that needs another format (TensorRT needs
+    ONNX) finds it among them, or has it made first with default options.
+    """
     check_name(name)
     progress = progress or NoProgress()
     started = time.monotonic()
-    plan = []
+    requested = [fmt for fmt, _ in targets]
+    carried = {a.format: a for a in (parent.manifest.artifacts if parent else ()) if a.format not in requested}
+    ordered: list[tuple[str, dict[str, Any]]] = []
     for fmt, raw in targets:
+        for need in getattr(converters.get(fmt), "needs", ()):
+            if need not in carried and need not in requested and need not in [f for f, _ in ordered]:
+                ordered.append((need, {}))
+        ordered.append((fmt, raw))
+    plan = []
+    for fmt, raw in ordered:
         conv = converters.get(fmt)
         plan.append((conv, conv.options(raw), conv.tool_versions()))
     key = conversion_key(
         snapshot.record.source,
-        [(c.format, c.name, c.version, opts, tools) for c, opts, tools in plan],
+        [(a.format, a.converter.name, a.converter.version, a.options, a.tool_versions) for a in carried.values()]
+        + [(c.format, c.name, c.version, opts, tools) for c, opts, tools in plan],
     )
     existing = store.find_by_key(name, key)
     if existing is not None:
@@ -73,7 +88,7 @@ def convert(
     with store.writers():
         staging = store.stage(name)
         try:
-            artifacts = []
+            artifacts = [_carry(store, staging, a) for a in carried.values()]
             for conv, opts, tools in plan:
                 t0 = time.monotonic()
                 workdir = staging.path / conv.format
@@ -85,6 +100,7 @@ def convert(
                     workdir=workdir,
                     progress=progress,
                     place=_placer(store, staging, conv.format, copy, trusted_before, progress),
+                    artifacts={a.format: staging.path / a.path for a in artifacts},
                 )
                 result = conv.convert(request)
                 if result.verification.status == "failed":
@@ -111,6 +127,7 @@ def convert(
                 name=name,
                 version=1,
                 key=key,
+                parent=parent.number if parent else None,
                 source=snapshot.record.source,
                 artifacts=tuple(artifacts),
                 model=read_model_info(snapshot.record.source, snapshot.file),
@@ -121,6 +138,17 @@ def convert(
             staging.discard()
             raise
     return ConversionOutcome(version, False, time.monotonic() - started)
+
+
+def _carry(store: LocalStore, staging: Staging, art: Artifact) -> Artifact:
+    """Bring a parent's artifact into the staging tree as links to its blobs; its record is unchanged."""
+    from registry import layout
+
+    for f in art.files:
+        dest = staging.path / art.path / f.path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.link(layout.blob_path(store.root, f.sha256), dest)
+    return art
 
 
 def _placer(store: LocalStore, staging: Staging, fmt: str, copy: bool, trusted_before: float,

@@ -175,3 +175,13 @@ def test_parse_ref() -> None:
     assert parse_ref("m@production").number is None
     with pytest.raises(Conflict.__mro__[1]):
         parse_ref("m@0")
+
+
+def test_convert_from_a_version(mreg: Any, model_dir: Path) -> None:
+    first = mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json").json
+    again = mreg("convert", "m@1", "--to", "hf", "--json")
+    assert again.exit_code == 0, again.stderr
+    assert again.json["reused"] is True and again.json["version"] == first["version"], \
+        "the same conversion of the same source is the same version"
+    r = mreg("convert", model_dir, "--to", "hf")
+    assert r.exit_code == 2 and "--name is required" in r.stderr
