@@ -1,0 +1,263 @@
+"""The format `gguf`: one GGUF file per version, from safetensors, for llama.cpp, Ollama and llama-cpp-python.
+
+`--to gguf:Q4_K_M` picks the file type. The conversion plans everything from config.json, the
+tokenizer files and the safetensors headers first (an unsupported model fails before any output),
+then streams: rows of one tensor at a time are read from memory-mapped shards, encoded on every
+core, written in order and hashed on the way. The file is then re-opened with gguf's reader and,
+when llama-cpp-python is installed, loaded by llama.cpp (see `converters.gguf_verify`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections import Counter, deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from converters import ConversionRequest, ConversionResult
+from converters.gguf_file import HashingWriter, TensorInfo, header
+from converters.gguf_mix import FILE_TYPES, MixParams, TensorChoice, choose_types
+from converters.gguf_model import ModelPlan, SafetensorsReader, TensorPlan, UnsupportedModel, load_weights, plan_model
+from converters.gguf_quants import Floats, backend, quantize, row_bytes
+from converters.gguf_vocab import Vocab, load_vocab
+from manifests import Format, GGUFRequirements
+from registry.errors import UsageError
+from registry.progress import NoProgress, Progress
+
+DEFAULT_TYPE = "F16"
+QUANTIZATION_VERSION = 2
+#: Elements encoded per work item: small enough to keep memory flat, large enough to amortize numpy calls.
+CHUNK_ELEMENTS = 1 << 20
+
+
+@dataclass(frozen=True)
+class EncodedTensor:
+    """What was written for one tensor: its first and last bytes, and its encoding error on sampled rows."""
+
+    info: TensorInfo
+    choice: TensorChoice
+    head: bytes
+    tail: bytes
+    rel_rmse: float
+    max_abs_err: float
+
+
+@dataclass(frozen=True)
+class GGUFPlan:
+    """Everything decided before the first byte: model, vocab, per-tensor types, header."""
+
+    file_type: str
+    model: ModelPlan
+    vocab: Vocab
+    choices: list[TensorChoice]
+    infos: list[TensorInfo]
+    metadata: list[tuple[str, Any]]
+
+
+def _tensor_infos(model: ModelPlan, choices: list[TensorChoice]) -> list[TensorInfo]:
+    return [TensorInfo(t.name, tuple(reversed(t.shape)), c.qtype, t.nrows * row_bytes(c.qtype, t.ncols))
+            for t, c in zip(model.tensors, choices, strict=True)]
+
+
+def plan(directory: Path, safetensors: list[Path], file_type: str, name: str) -> GGUFPlan:
+    """Read config, tokenizer and safetensors headers; choose every tensor's type; no output yet."""
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise UnsupportedModel("the snapshot has no config.json", hint="GGUF needs the model's config.json")
+    if not safetensors:
+        raise UnsupportedModel("the snapshot has no .safetensors weights",
+                               hint="GGUF is converted from safetensors; pickle weights are not read")
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    model = plan_model(config, load_weights(safetensors), name)
+    vocab = load_vocab(directory, model.vocab_size)
+    is_70b = model.architecture in ("llama", "qwen2") and model.n_layer == 80
+    choices = choose_types(file_type, [(t.name, t.shape) for t in model.tensors],
+                           MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b))
+    arch_meta = model.metadata[:3]
+    metadata = [*arch_meta, ("general.file_type", FILE_TYPES[file_type][1]),
+                ("general.quantization_version", QUANTIZATION_VERSION), *model.metadata[3:], *vocab.metadata()]
+    return GGUFPlan(file_type, model, vocab, choices, _tensor_infos(model, choices), metadata)
+
+
+def _chunks(t: TensorPlan, reader: SafetensorsReader) -> Iterator[tuple[int, int]]:
+    """Row ranges of one tensor, whole heads when they must be permuted together."""
+    unit = reader.head_rows(t)
+    rows = max(unit, CHUNK_ELEMENTS // max(1, t.ncols) // unit * unit)
+    for start in range(0, t.nrows, rows):
+        yield start, min(t.nrows, start + rows)
+
+
+@dataclass
+class _Stats:
+    """Running figures of one tensor while its chunks are written."""
+
+    err2: float = 0.0
+    sig2: float = 0.0
+    maxerr: float = 0.0
+    head: bytes = b""
+    tail: bytes = b""
+
+
+Encoded = tuple[np.ndarray[Any, Any], float, float, float]
+
+
+def _encode(reader: SafetensorsReader, t: TensorPlan, qtype: str, start: int, stop: int) -> Encoded:
+    """Encode rows [start, stop); with the squared error, squared signal and max error of a few rows."""
+    rows = reader.rows(t, start, stop)
+    data = quantize(rows, qtype)
+    err2 = sig2 = maxerr = 0.0
+    if qtype != "F32":
+        # A few rows per chunk, decoded by gguf's dequantizer: an implementation independent of ours.
+        sample = rows[:: max(1, len(rows) // 4)][:4]
+        back = dequantize(data[:: max(1, len(rows) // 4)][:4], qtype, rows.shape[1])
+        diff = back - sample
+        err2 = float(np.square(diff, dtype=np.float64).sum())
+        sig2 = float(np.square(sample, dtype=np.float64).sum())
+        maxerr = float(np.abs(diff).max(initial=0.0))
+    return data, err2, sig2, maxerr
+
+
+def dequantize(data: np.ndarray[Any, Any], qtype: str, ncols: int) -> Floats:
+    """Decode rows with gguf's own numpy dequantizer."""
+    import gguf
+
+    out: Floats = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[qtype]).reshape(-1, ncols)
+    return out.astype(np.float32)
+
+
+def _jobs(p: GGUFPlan, reader: SafetensorsReader) -> Iterator[tuple[int, TensorPlan, str, int, int]]:
+    for i, (t, choice) in enumerate(zip(p.model.tensors, p.choices, strict=True)):
+        for start, stop in _chunks(t, reader):
+            yield i, t, choice.qtype, start, stop
+
+
+def write(p: GGUFPlan, dest: Path, reader: SafetensorsReader, workers: int,
+          progress: Progress | None = None) -> tuple[str, list[EncodedTensor]]:
+    """Stream the file: header, then every tensor's rows encoded in a pool and written in order."""
+    progress = progress or NoProgress()
+    stats = [_Stats() for _ in p.infos]
+    with HashingWriter(dest) as out, ThreadPoolExecutor(max_workers=workers) as pool:
+        out.write(header(p.metadata, p.infos))
+        current = 0
+        pending: deque[tuple[int, Future[Encoded]]] = deque()
+
+        def drain(limit: int) -> None:
+            nonlocal current
+            while len(pending) > limit:
+                i, fut = pending.popleft()
+                while current < i:  # every tensor ends on an alignment boundary
+                    out.pad()
+                    current += 1
+                data, e, s, m = fut.result()
+                raw = np.ascontiguousarray(data).data.cast("B")
+                st = stats[i]
+                st.head = st.head or bytes(raw[:64])
+                st.tail = bytes(raw[-64:])
+                st.err2, st.sig2, st.maxerr = st.err2 + e, st.sig2 + s, max(st.maxerr, m)
+                out.write(raw)
+                progress.advance(len(raw))
+
+        # The pool runs ahead of the writer by a few chunks only, so memory stays flat.
+        for i, t, qtype, start, stop in _jobs(p, reader):
+            pending.append((i, pool.submit(_encode, reader, t, qtype, start, stop)))
+            drain(2 * workers)
+        drain(0)
+        while current < len(p.infos):
+            out.pad()
+            current += 1
+        digest = out.close()
+    done = [EncodedTensor(info, choice, st.head, st.tail, (st.err2 / st.sig2) ** 0.5 if st.sig2 else 0.0, st.maxerr)
+            for info, choice, st in zip(p.infos, p.choices, stats, strict=True)]
+    return digest, done
+
+
+class GGUFConverter:
+    """Converts llama / mistral / qwen2 / qwen3 safetensors checkpoints to one GGUF file."""
+
+    format: ClassVar[Format] = "gguf"
+    name: ClassVar[str] = "mreg.gguf"
+    version: ClassVar[str] = "1"
+
+    def options(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """`{"spec": "Q4_K_M"}` -> `{"type": "Q4_K_M"}`; F16 when no type is given."""
+        extra = set(raw) - {"spec"}
+        if extra:
+            raise UsageError(f"--to gguf takes only a type (got {', '.join(sorted(extra))})",
+                             hint="use --to gguf:Q4_K_M")
+        spec = str(raw.get("spec") or DEFAULT_TYPE).upper()
+        if spec not in FILE_TYPES:
+            raise UsageError(f"unknown GGUF type {raw.get('spec')!r}",
+                             hint=f"valid types: {', '.join(FILE_TYPES)}")
+        return {"type": spec}
+
+    def tool_versions(self) -> dict[str, str]:
+        """numpy and gguf shape the bytes; llama-cpp-python and transformers the verification."""
+        from importlib import metadata
+
+        out = {"numpy": np.__version__}
+        for dist in ("gguf", "llama-cpp-python", "transformers", "torch", "tokenizers"):
+            try:
+                out[dist] = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+        return out
+
+    def convert(self, request: ConversionRequest) -> ConversionResult:
+        """Plan, stream the GGUF file into the work directory, re-open and verify it."""
+        file_type = request.options["type"]
+        with tempfile.TemporaryDirectory(prefix="mreg-gguf-") as tmp:
+            # The cache hands out blobs; tokenizer and config readers want the repository's layout.
+            directory = Path(tmp)
+            for f in request.source.files:
+                link = directory / f.path
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(request.source_files(f.path))
+            return self._convert(request, directory, file_type)
+
+    def _convert(self, request: ConversionRequest, directory: Path, file_type: str) -> ConversionResult:
+        from converters import gguf_verify
+
+        shards = sorted(p for p in directory.rglob("*.safetensors"))
+        # The model's name in the store, so the engine's path is the same from one version to the next.
+        base = request.name or request.source.repo.rstrip("/").split("/")[-1] or "model"
+        p = plan(directory, shards, file_type, base)
+        dest = request.workdir / f"{base}-{file_type}.gguf"
+        reader = SafetensorsReader()
+        size = sum(i.nbytes for i in p.infos)
+        request.progress.start(f"writing {dest.name}", size)
+        t0 = time.monotonic()
+        try:
+            digest, encoded = write(p, dest, reader, max(1, os.cpu_count() or 1), request.progress)
+        finally:
+            reader.close()
+            request.progress.done()
+        write_s = time.monotonic() - t0
+        verification = gguf_verify.verify(dest, p, encoded, directory, request.source)
+        verify_s = time.monotonic() - t0 - write_s
+        counts = Counter(e.info.qtype for e in encoded)
+        requirements = GGUFRequirements(
+            architecture=p.model.architecture,
+            quantization=file_type,
+            tensor_types=dict(sorted(counts.items())),
+            fallbacks={e.info.name: f"{e.choice.wanted}->{e.choice.qtype}: {e.choice.reason}"
+                       for e in encoded if e.choice.wanted},
+        )
+        metrics = {**verification.metrics, "write_seconds": round(write_s, 3), "verify_seconds": round(verify_s, 3)}
+        encoders = sorted({backend(c.qtype) for c in p.choices})
+        return ConversionResult(
+            verification=verification.model_copy(update={"metrics": metrics}),
+            known_digests={dest.name: digest},
+            requirements=requirements,
+            tool_versions={"gguf-encoders": "+".join(encoders)},
+        )
+
+
+CONVERTER = GGUFConverter()

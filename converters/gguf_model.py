@@ -1,0 +1,278 @@
+"""A Hugging Face causal LM as llama.cpp sees it: architecture, hyperparameters, tensor names and rows.
+
+`plan_model` reads config.json and the safetensors headers only (no tensor data) and refuses an
+unsupported architecture, dtype or tensor name before anything is written. `SafetensorsReader`
+then hands out rows of one tensor at a time as float32 from memory-mapped files, dropping the
+pages it read so that resident memory does not grow with the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import mmap
+import struct
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from converters.gguf_quants import Floats
+from registry.errors import UsageError
+
+#: Hugging Face `architectures[0]` -> GGUF architecture.
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_DTYPES: dict[str, np.dtype[Any]] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+_SKIP = ("rotary_emb.inv_freq",)
+
+
+class UnsupportedModel(UsageError):
+    """The snapshot holds a model this converter cannot write as GGUF."""
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    """Where a tensor's bytes are in a safetensors file."""
+
+    path: Path
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One GGUF tensor: its name, shape in HF (row-major) order, and how to get its rows."""
+
+    name: str
+    shape: tuple[int, ...]
+    source: SourceTensor | None
+    permute_heads: int = 0
+    values: Floats | None = None
+
+    @property
+    def ncols(self) -> int:
+        """Elements per row (GGUF's ne[0])."""
+        return self.shape[-1]
+
+    @property
+    def nrows(self) -> int:
+        """Rows (the product of every dimension but the last)."""
+        return math.prod(self.shape[:-1])
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Everything about the model but the tokenizer and the chosen types."""
+
+    architecture: str
+    hf_architecture: str
+    metadata: list[tuple[str, Any]]
+    tensors: list[TensorPlan]
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    vocab_size: int
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def read_safetensors_header(path: Path) -> dict[str, SourceTensor]:
+    """The tensors of one safetensors file, from its header alone."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    out: dict[str, SourceTensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        out[name] = SourceTensor(path, info["dtype"], tuple(info["shape"]), 8 + length + info["data_offsets"][0])
+    return out
+
+
+def _rope_metadata(arch: str, config: dict[str, Any], head_dim: int) -> tuple[list[tuple[str, Any]], Floats | None]:
+    """rope.* keys, and llama3-style frequency factors (a rope_freqs tensor), from rope_scaling."""
+    meta: list[tuple[str, Any]] = []
+    if "rope_theta" in config:
+        meta.append((f"{arch}.rope.freq_base", float(config["rope_theta"])))
+    rope = config.get("rope_scaling") or {}
+    kind = (rope.get("rope_type") or rope.get("type") or "").lower()
+    if not kind or kind == "default":
+        return meta, None
+    factor = float(rope.get("factor", 1.0))
+    if kind == "linear":
+        meta += [(f"{arch}.rope.scaling.type", "linear"), (f"{arch}.rope.scaling.factor", factor)]
+        return meta, None
+    if kind == "yarn":
+        meta += [(f"{arch}.rope.scaling.type", "yarn"), (f"{arch}.rope.scaling.factor", factor),
+                 (f"{arch}.rope.scaling.original_context_length", int(rope["original_max_position_embeddings"]))]
+        return meta, None
+    if kind == "llama3":
+        base = float(config.get("rope_theta", 10000.0))
+        freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+        low, high = float(rope.get("low_freq_factor", 1.0)), float(rope.get("high_freq_factor", 4.0))
+        old = float(rope.get("original_max_position_embeddings", 8192))
+        factors = []
+        for freq in freqs:
+            wavelen = 2 * math.pi / float(freq)
+            if wavelen < old / high:
+                factors.append(1.0)
+            elif wavelen > old / low:
+                factors.append(factor)
+            else:
+                smooth = (old / wavelen - low) / (high - low)
+                factors.append(1 / ((1 - smooth) / factor + smooth))
+        return meta, np.asarray(factors, dtype=np.float32)
+    raise UnsupportedModel(f"rope_scaling type {kind!r} is not supported", hint="supported: linear, yarn, llama3")
+
+
+def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: str) -> ModelPlan:
+    """Map an HF config and its weights onto GGUF names and metadata, or say what is unsupported."""
+    import gguf
+
+    hf_arch = (config.get("architectures") or ["?"])[0]
+    arch = ARCHITECTURES.get(hf_arch)
+    if arch is None:
+        raise UnsupportedModel(f"architecture {hf_arch} is not supported by --to gguf",
+                               hint=f"supported: {', '.join(sorted(ARCHITECTURES))}")
+    try:
+        n_layer = int(config["num_hidden_layers"])
+        n_embd = int(config["hidden_size"])
+        n_head = int(config["num_attention_heads"])
+        n_head_kv = int(config.get("num_key_value_heads") or n_head)
+        n_ff = int(config["intermediate_size"])
+        vocab_size = int(config["vocab_size"])
+    except KeyError as e:
+        raise UnsupportedModel(f"config.json lacks {e.args[0]}", hint="the snapshot's config.json is incomplete") from e
+    head_dim = int(config.get("head_dim") or n_embd // n_head)
+    meta: list[tuple[str, Any]] = [
+        ("general.architecture", arch), ("general.type", "model"), ("general.name", name),
+        (f"{arch}.block_count", n_layer),
+        (f"{arch}.context_length", int(config.get("max_position_embeddings", 4096))),
+        (f"{arch}.embedding_length", n_embd), (f"{arch}.feed_forward_length", n_ff),
+        (f"{arch}.attention.head_count", n_head), (f"{arch}.attention.head_count_kv", n_head_kv),
+        (f"{arch}.attention.layer_norm_rms_epsilon", float(config.get("rms_norm_eps", 1e-6))),
+    ]
+    rope_meta, rope_freqs = _rope_metadata(arch, config, head_dim)
+    meta += rope_meta
+    if "head_dim" in config:
+        meta += [(f"{arch}.attention.key_length", head_dim), (f"{arch}.attention.value_length", head_dim)]
+    if arch == "llama":
+        meta += [(f"{arch}.vocab_size", vocab_size), (f"{arch}.rope.dimension_count", head_dim)]
+
+    mapping = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), n_layer)
+    tensors: list[TensorPlan] = []
+    unknown: list[str] = []
+    for hf_name in sorted(weights, key=_hf_order):
+        src = weights[hf_name]
+        if hf_name.endswith(_SKIP) or (hf_name == "lm_head.weight" and config.get("tie_word_embeddings")):
+            continue
+        gg = mapping.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if gg is None:
+            unknown.append(hf_name)
+            continue
+        if src.dtype not in _DTYPES:
+            raise UnsupportedModel(f"tensor {hf_name} has dtype {src.dtype}", hint="supported: F32, F16, BF16")
+        permute = 0
+        if arch == "llama" and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+            permute = n_head
+        elif arch == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+            permute = n_head_kv
+        shape = src.shape if len(src.shape) > 1 else (src.shape[0],)
+        tensors.append(TensorPlan(gg, shape, src, permute))
+    if unknown:
+        raise UnsupportedModel(f"{len(unknown)} tensors have no GGUF name for {arch}: {', '.join(unknown[:5])}",
+                               hint="the checkpoint has parts this converter does not know (adapters, vision tower?)")
+    if rope_freqs is not None:
+        tensors.insert(0, TensorPlan("rope_freqs.weight", (len(rope_freqs),), None, values=rope_freqs))
+    names = {t.name for t in tensors}
+    if "token_embd.weight" not in names:
+        raise UnsupportedModel("the checkpoint has no token embedding (model.embed_tokens.weight)")
+    return ModelPlan(arch, hf_arch, meta, tensors, n_layer, n_head, n_head_kv, vocab_size, config)
+
+
+def _hf_order(name: str) -> tuple[int, str]:
+    """Embeddings first, then layer by layer, then the rest: the order llama.cpp's converter writes."""
+    parts = name.split(".")
+    if "layers" in parts:
+        i = parts.index("layers")
+        if i + 1 < len(parts) and parts[i + 1].isdigit():
+            return (int(parts[i + 1]) + 1, name)
+    return (0 if "embed" in name else 1 << 30, name)
+
+
+class SafetensorsReader:
+    """Rows of source tensors as float32, from memory-mapped files whose pages are released after use."""
+
+    def __init__(self) -> None:
+        self._maps: dict[Path, tuple[Any, mmap.mmap]] = {}
+        self._lock = threading.Lock()
+
+    def _map(self, path: Path) -> mmap.mmap:
+        with self._lock:  # encoding threads share the maps
+            if path not in self._maps:
+                f = open(path, "rb")  # noqa: SIM115 - kept open with its map until close()
+                self._maps[path] = (f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            return self._maps[path][1]
+
+    def rows(self, t: TensorPlan, start: int, stop: int) -> Floats:
+        """Rows [start, stop) of a tensor (2-D view: rows x ncols), llama's q/k head permutation applied."""
+        if t.values is not None:
+            return t.values.reshape(-1, t.ncols)[start:stop].astype(np.float32)
+        src = t.source
+        assert src is not None
+        dtype = _DTYPES[src.dtype]
+        mm = self._map(src.path)
+        begin = src.offset + start * t.ncols * dtype.itemsize
+        count = (stop - start) * t.ncols
+        raw = np.frombuffer(mm, dtype=dtype, count=count, offset=begin)
+        # bfloat16 is the top half of a float32: widening is a shift, exact.
+        out = (raw.astype(np.uint32) << 16).view(np.float32) if src.dtype == "BF16" else raw.astype(np.float32)
+        del raw
+        self._release(mm, begin, count * dtype.itemsize)
+        out = out.reshape(stop - start, t.ncols)
+        if t.permute_heads:
+            head = t.nrows // t.permute_heads
+            # HF stores each head's rotary halves apart; llama.cpp wants them interleaved.
+            out = out.reshape(-1, 2, head // 2, t.ncols).swapaxes(1, 2).reshape(stop - start, t.ncols)
+        return np.ascontiguousarray(out)
+
+    def head_rows(self, t: TensorPlan) -> int:
+        """Rows that must be read together (one attention head for permuted tensors)."""
+        return t.nrows // t.permute_heads if t.permute_heads else 1
+
+    @staticmethod
+    def _release(mm: mmap.mmap, begin: int, length: int) -> None:
+        """Drop the pages just read from this process's resident set (the page cache keeps them)."""
+        page = mmap.PAGESIZE
+        lo = begin // page * page
+        hi = min(len(mm), -(-(begin + length) // page) * page)
+        if hasattr(mm, "madvise") and hi > lo:
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+    def close(self) -> None:
+        """Unmap and close every file."""
+        for f, mm in self._maps.values():
+            with contextlib.suppress(BufferError):
+                mm.close()
+            f.close()
+        self._maps.clear()
+
+
+def load_weights(files: Iterable[Path]) -> dict[str, SourceTensor]:
+    """Every tensor of a set of safetensors files; a name in two files is an error."""
+    out: dict[str, SourceTensor] = {}
+    for path in files:
+        for name, t in read_safetensors_header(path).items():
+            if name in out:
+                raise UnsupportedModel(f"tensor {name} appears in two safetensors files")
+            out[name] = t
+    return out

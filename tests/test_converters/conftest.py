@@ -1,0 +1,140 @@
+"""Tiny models for the GGUF converter: one per architecture, all real Hugging Face directories.
+
+llama and qwen2 come from tests/tiny_models.py as they are; mistral is the llama directory with a
+Mistral config; qwen3 gets its own weights (explicit head_dim different from hidden/heads,
+per-head q/k norms, no biases); the SentencePiece variant replaces the BPE tokenizer of the
+llama directory with a tokenizer.model trained offline on the spot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tiny_models import build_tiny_llama, write_safetensors
+
+CORPUS = [
+    "Hello world! How are you today? I am fine, thank you.",
+    "The quick brown fox jumps over the lazy dog, and then the dog runs after the fox.",
+    "A model registry keeps track of every model that a team trains, downloads or ships.",
+    "1, 2, 3, 4, 5 and 10, 20, 30, 100, 12345. don't won't it's I'm we'll they've",
+    "über café naïve — “quotes” and 日本語 with two  spaces,\ttabs and\nnew lines.",
+]
+
+
+def _values(seed: str, shape: tuple[int, ...], norm: bool) -> bytes:
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "little"))
+    v = rng.standard_normal(shape).astype(np.float32)
+    v = 1.0 + 0.01 * v if norm else 0.02 * v
+    return v.astype("<f4").tobytes()
+
+
+def _rewrite_config(dest: Path, **changes: Any) -> None:
+    path = dest / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def build_mistral(dest: Path, **kw: Any) -> Path:
+    """A MistralForCausalLM directory: llama weights and tokenizer, Mistral config."""
+    build_tiny_llama(dest, **kw)
+    _rewrite_config(dest, architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=None)
+    for key in ("attention_bias", "mlp_bias", "pretraining_tp"):
+        config = json.loads((dest / "config.json").read_text())
+        config.pop(key, None)
+        (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return dest
+
+
+def build_qwen3(dest: Path, *, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+                head_dim: int = 32, intermediate: int = 128, vocab: int = 320, tied: bool = True) -> Path:
+    """A Qwen3ForCausalLM directory: qwen2's tokenizer, q/k norms, head_dim != hidden / heads."""
+    build_tiny_llama(dest, model_type="qwen2", hidden_size=hidden, num_layers=layers, num_heads=heads,
+                     num_kv_heads=kv_heads, intermediate_size=intermediate, vocab_size=vocab,
+                     tie_word_embeddings=tied)
+    for p in dest.glob("*.safetensors*"):
+        p.unlink()
+    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, hidden))]
+    for i in range(layers):
+        pre = f"model.layers.{i}."
+        shapes += [(pre + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
+                   (pre + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
+                   (pre + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
+                   (pre + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
+                   (pre + "self_attn.q_norm.weight", (head_dim,)), (pre + "self_attn.k_norm.weight", (head_dim,)),
+                   (pre + "mlp.gate_proj.weight", (intermediate, hidden)),
+                   (pre + "mlp.up_proj.weight", (intermediate, hidden)),
+                   (pre + "mlp.down_proj.weight", (hidden, intermediate)),
+                   (pre + "input_layernorm.weight", (hidden,)), (pre + "post_attention_layernorm.weight", (hidden,))]
+    shapes.append(("model.norm.weight", (hidden,)))
+    if not tied:
+        shapes.append(("lm_head.weight", (vocab, hidden)))
+    write_safetensors(dest / "model.safetensors",
+                      [(n, "float32", s, _values(n, s, "norm" in n)) for n, s in shapes], {"format": "pt"})
+    config = json.loads((dest / "config.json").read_text())
+    for key in ("max_window_layers", "use_sliding_window", "sliding_window"):
+        config.pop(key, None)
+    config.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=head_dim, attention_bias=False)
+    (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return dest
+
+
+def build_spm_llama(dest: Path, **kw: Any) -> Path:
+    """A llama directory whose tokenizer is a SentencePiece tokenizer.model (Llama 2 style, byte fallback)."""
+    spm = pytest.importorskip("sentencepiece")
+    import io
+
+    vocab = kw.pop("vocab_size", 400)
+    build_tiny_llama(dest, vocab_size=vocab, **kw)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS * 20), model_writer=model, vocab_size=vocab, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, split_digits=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        hard_vocab_limit=False, minloglevel=2,
+    )
+    (dest / "tokenizer.model").write_bytes(model.getvalue())
+    (dest / "tokenizer.json").unlink()
+    config = json.loads((dest / "tokenizer_config.json").read_text())
+    config.update(tokenizer_class="LlamaTokenizer", legacy=True)
+    (dest / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return dest
+
+
+def build_llama3_rope(dest: Path, **kw: Any) -> Path:
+    """A llama with Llama 3.1's rope scaling, which llama.cpp reads as a rope_freqs tensor."""
+    build_tiny_llama(dest, **kw)
+    _rewrite_config(dest, rope_theta=500000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64})
+    return dest
+
+
+BUILDERS: dict[str, Callable[..., Path]] = {
+    "llama": lambda d, **kw: build_tiny_llama(d, **kw),
+    "qwen2": lambda d, **kw: build_tiny_llama(d, model_type="qwen2", **kw),
+    "mistral": build_mistral,
+    "qwen3": build_qwen3,
+    "llama-spm": build_spm_llama,
+    "llama3-rope": build_llama3_rope,
+}
+
+
+@pytest.fixture
+def tiny_model(tmp_path: Path) -> Callable[..., Path]:
+    """Build a tiny model of an architecture into tmp_path and return its directory."""
+
+    def build(kind: str, name: str | None = None, **kw: Any) -> Path:
+        dest = tmp_path / (name or f"tiny-{kind}")
+        if dest.exists():
+            shutil.rmtree(dest)
+        return BUILDERS[kind](dest, **kw)
+
+    return build

@@ -1,0 +1,37 @@
+"""llama.cpp's logits on the converted file against transformers' on the source (needs torch + transformers).
+
+CI installs neither (torch is large): these tests skip there, while loading and tokenization by
+llama.cpp are checked on every conversion in test_gguf.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize(("kind", "spec"), [("llama", "F16"), ("qwen2", "Q8_0"), ("qwen3", "BF16"),
+                                            ("mistral", "Q4_K_M"), ("llama-spm", "Q6_K"), ("qwen2", "Q2_K")])
+def test_logits_match_transformers(kind: str, spec: str, mreg: Any, store_root: Path,
+                                   tiny_model: Callable[..., Path]) -> None:
+    from converters.gguf_verify import LOGITS_KL, LOGITS_REL_DIFF
+
+    r = mreg("convert", tiny_model(kind), "--to", f"gguf:{spec}", "--name", "m", "--json")
+    assert r.exit_code == 0, r.stderr
+    manifest = json.loads((store_root / "models" / "m" / "versions" / "1" / "manifest.json").read_text())
+    v = manifest["artifacts"][0]["verification"]
+    m = v["metrics"]
+    assert v["status"] == "passed" and m["logits_positions"] >= 10
+    assert m["kl_divergence"] <= LOGITS_KL[spec] == v["tolerance"]["kl_divergence"]
+    assert 0.0 <= m["top1_agreement"] <= 1.0
+    if spec in LOGITS_REL_DIFF:
+        assert m["logits_max_rel_diff"] <= LOGITS_REL_DIFF[spec] == v["tolerance"]["logits_max_rel_diff"]
+        assert m["top1_agreement"] >= 0.9
