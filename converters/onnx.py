@@ -1,0 +1,213 @@
+"""The format `onnx`: encoders (last_hidden_state) and decoder LLMs (logits, optionally with a KV cache).
+
+`--to onnx[:SPEC]`, SPEC being comma-separated tokens, in any order, each at most once:
+
+    fp32 | fp16      precision of weights and compute (fp32 when absent)
+    int8             ONNX Runtime dynamic quantization of MatMul weights (from fp32; not with fp16)
+    optimize         ONNX Runtime offline graph optimization (extended level, for the CPU provider)
+    with-past        decoders: past key/value inputs and present outputs, to generate with a KV cache
+
+e.g. `--to onnx`, `--to onnx:fp16,with-past`, `--to onnx:int8,optimize`. The normalized options
+(`{"dtype", "quantize", "optimize", "with_past"}`) are part of the conversion key and recorded.
+The tree is `model.onnx` + `model.onnx.data` (weights, always external), plus the source's config
+and tokenizer files, hard-linked, so that ONNX Runtime, Optimum and Triton load it as it is.
+torch, transformers, onnx and onnxruntime are imported only when a conversion runs: `mreg[onnx]`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from converters import ConversionRequest, ConversionResult
+from manifests import Format
+from registry.errors import MregError, UsageError
+from registry.progress import Progress
+
+#: Modules the conversion needs, and the distributions that provide each (ONNX Runtime comes in two builds).
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",), "transformers": ("transformers",), "onnx": ("onnx",),
+    "onnxruntime": ("onnxruntime", "onnxruntime-gpu"), "onnxscript": ("onnxscript",), "numpy": ("numpy",),
+}
+#: Files of the source that travel with the graph: what a runtime needs to tokenize and generate.
+SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model",
+              "added_tokens.json", "chat_template.jinja")
+PROVIDER = "CPUExecutionProvider"
+_TOKENS: dict[str, tuple[str, Any]] = {
+    "fp32": ("dtype", "fp32"),
+    "fp16": ("dtype", "fp16"),
+    "int8": ("quantize", "int8"),
+    "optimize": ("optimize", True),
+    "with-past": ("with_past", True),
+}
+GRAMMAR = "comma-separated: fp32|fp16, int8, optimize, with-past (e.g. --to onnx:fp16,with-past)"
+
+
+class ExportFailed(MregError):
+    """The model could not be loaded, traced or transformed."""
+
+    def __init__(self, stage: str, error: BaseException) -> None:
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        super().__init__(f"ONNX {stage} failed: {type(error).__name__}: {first}",
+                         hint="MREG_DEBUG=1 shows the traceback; nothing was published")
+        self.stage = stage
+
+
+class MissingDependency(UsageError):
+    """A library the ONNX converter needs is not installed."""
+
+    def __init__(self, missing: list[str]) -> None:
+        super().__init__(f"--to onnx needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+                         "not installed", hint="pip install 'mreg[onnx]'")
+        self.missing = missing
+
+
+def parse_spec(spec: str) -> dict[str, Any]:
+    """`"fp16,with-past"` -> the normalized options; unknown, repeated or contradictory tokens are refused."""
+    options: dict[str, Any] = {"dtype": "fp32", "quantize": None, "optimize": False, "with_past": False}
+    seen: set[str] = set()
+    for raw in spec.split(","):
+        token = raw.strip().lower()
+        if not token:
+            continue
+        if token not in _TOKENS:
+            raise UsageError(f"unknown --to onnx option {raw.strip()!r}", hint=GRAMMAR)
+        key, value = _TOKENS[token]
+        if key in seen:
+            raise UsageError(f"--to onnx:{spec} sets {key} twice", hint=GRAMMAR)
+        seen.add(key)
+        options[key] = value
+    if options["quantize"] == "int8" and options["dtype"] == "fp16":
+        raise UsageError("int8 quantizes from fp32 weights: it cannot be combined with fp16", hint=GRAMMAR)
+    return options
+
+
+def precision(options: dict[str, Any]) -> str:
+    """The precision whose verification thresholds apply: int8, fp16 or fp32."""
+    return "int8" if options["quantize"] == "int8" else str(options["dtype"])
+
+
+def _require() -> None:
+    """Import every heavy library once, or say how to install the missing ones."""
+    import importlib
+
+    missing = []
+    for module in REQUIRED:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise MissingDependency(missing)
+
+
+class ONNXConverter:
+    """Exports with torch.onnx (dynamo), applies fp16 / int8 / optimization, verifies in ONNX Runtime."""
+
+    format: ClassVar[Format] = "onnx"
+    name: ClassVar[str] = "mreg.onnx"
+    version: ClassVar[str] = "1"
+
+    def options(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """`{"spec": "fp16,with-past"}` -> `{"dtype": "fp16", "quantize": None, "optimize": False, ...}`."""
+        extra = set(raw) - {"spec"}
+        if extra:
+            raise UsageError(f"--to onnx takes only a spec (got {', '.join(sorted(extra))})", hint=GRAMMAR)
+        return parse_spec(str(raw.get("spec") or ""))
+
+    def tool_versions(self) -> dict[str, str]:
+        """The libraries whose output the artifact depends on, and the format versions it is written in."""
+        from importlib import metadata
+
+        from converters.onnx_export import IR_VERSION, OPSET
+
+        out = {"onnx.opset": str(OPSET), "onnx.ir_version": str(IR_VERSION), "onnxruntime.provider": PROVIDER}
+        missing = []
+        for module, dists in REQUIRED.items():
+            for dist in dists:
+                try:
+                    version = metadata.version(dist)
+                except metadata.PackageNotFoundError:
+                    continue
+                out[module] = version if dist == module else f"{version} ({dist})"
+                break
+            else:
+                missing.append(module)
+        if missing:
+            raise MissingDependency(missing)
+        return out
+
+    def convert(self, request: ConversionRequest) -> ConversionResult:
+        """Export, transform as the spec says, verify the written files against PyTorch, add the side files."""
+        _require()
+        with tempfile.TemporaryDirectory(prefix="mreg-onnx-src-") as src, \
+                tempfile.TemporaryDirectory(prefix=".onnx-", dir=request.workdir.parent) as tmp:
+            # The cache hands out blobs; transformers wants the repository's layout.
+            directory = Path(src)
+            for f in request.source.files:
+                link = directory / f.path
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(request.source_files(f.path))
+            return self._convert(request, directory, Path(tmp))
+
+    def _convert(self, request: ConversionRequest, directory: Path, tmp: Path) -> ConversionResult:
+        from converters import onnx_export as ex
+        from converters import onnx_verify
+
+        opts = request.options
+        task = ex.classify(ex.read_config(directory))
+        if opts["with_past"] and task != "text-generation":
+            raise ex.UnsupportedModel("with-past applies to decoder LLMs only", hint="drop with-past for an encoder")
+        progress = request.progress
+        with _stage(progress, "loading the model"):
+            model, tokenizer = ex.load(directory, task)
+            sig = ex.signature(model, tokenizer, task, opts["with_past"])
+            ref = onnx_verify.reference(model, tokenizer, sig)
+        # Each transform reads the previous stage's directory; the last stage writes into the artifact tree.
+        transforms: list[tuple[str, Callable[[Path, Path], object]]] = []
+        if opts["dtype"] == "fp16":
+            transforms.append(("fp16 conversion", ex.to_fp16))
+        if opts["quantize"] == "int8":
+            transforms.append(("int8 quantization", ex.quantize_int8))
+        if opts["optimize"]:
+            transforms.append(("optimization", lambda src, dest: ex.optimize(src, dest, PROVIDER)))
+        outputs = [tmp / str(i) for i in range(len(transforms))] + [request.workdir]
+        with _stage(progress, "export"):
+            ex.export(model, sig, outputs[0])
+        del model  # the reference is computed: free the weights before ONNX Runtime loads its copy
+        for i, (stage, run) in enumerate(transforms):
+            with _stage(progress, stage):
+                run(outputs[i], outputs[i + 1])
+        versions = self.tool_versions()
+        with _stage(progress, "verification in ONNX Runtime"):
+            verification = onnx_verify.verify(request.workdir, sig, ref, precision(opts), PROVIDER, request.source,
+                                              versions)
+        known = {}
+        present = {f.path: f for f in request.source.files}
+        for name in SIDE_FILES:
+            if name in present:
+                known[name] = request.place(request.source_files(name), name, present[name].sha256)
+        graph = ex.describe(request.workdir / ex.MODEL_FILE)
+        extra = {"onnx.ir_version": str(graph["ir_version"]),
+                 "onnx.opsets": ",".join(f"{d}={v}" for d, v in sorted(graph["opsets"].items()))}
+        return ConversionResult(verification=verification, known_digests=known, tool_versions=extra)
+
+
+@contextlib.contextmanager
+def _stage(progress: Progress, stage: str) -> Iterator[None]:
+    """Report a stage; turn a library's exception into one line that says which stage failed."""
+    progress.start(stage, None, unit="step")
+    try:
+        yield
+    except MregError:
+        raise
+    except Exception as e:
+        raise ExportFailed(stage, e) from e
+    progress.done()
+
+
+CONVERTER = ONNXConverter()

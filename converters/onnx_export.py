@@ -1,0 +1,345 @@
+"""ONNX export of Hugging Face encoders and decoder LLMs with torch.onnx (dynamo), and the spec's transforms.
+
+The graph is traced by `torch.export` (the maintained exporter since torch 2.9; the TorchScript
+exporter is deprecated) around a thin wrapper whose signature is the graph's: plain tensors in,
+plain tensors out, past key/values flattened as `past_key_values.<layer>.key|value` inputs and
+`present.<layer>.key|value` outputs (the names Optimum, ONNX Runtime GenAI and Triton ensembles use).
+Every written model has its weights in one external data file beside the graph, whatever its size,
+so small and >2 GB models have the same tree: `model.onnx` + `model.onnx.data`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from registry.errors import UsageError
+
+Task = Literal["feature-extraction", "text-generation"]
+
+#: opset 18 is the one torch.onnx's translation library is written against (others go through the
+#: version converter); ONNX Runtime >= 1.14, TensorRT >= 8.6 and Triton's ORT backend all run it.
+OPSET = 18
+#: The IR that the dynamo exporter writes for opset 18. onnx >= 1.23 stamps newer IRs on anything it
+#: builds, which older runtimes refuse (onnxruntime 1.31 reads at most IR 13): every saved model is
+#: stamped with this one; ONNX Runtime >= 1.17 reads it.
+IR_VERSION = 10
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+#: Tensors below this many bytes stay inside the graph (shapes, small constants); weights go to DATA_FILE.
+EXTERNAL_MIN_BYTES = 1024
+
+ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "electra", "mpnet"})
+DECODER_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+#: Outputs kept float32 by the fp16 conversion: what callers read; past/present become float16.
+FLOAT32_OUTPUTS = ("last_hidden_state", "logits")
+
+
+class UnsupportedModel(UsageError):
+    """The snapshot holds a model this converter does not export."""
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The graph's interface: input and output names, and the shape of one layer's past key/values."""
+
+    task: Task
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    layers: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+
+    @property
+    def with_past(self) -> bool:
+        """Whether the graph takes past key/values and returns present ones."""
+        return self.layers > 0
+
+    @property
+    def past_inputs(self) -> tuple[str, ...]:
+        """Names of the past key/value inputs, layer by layer, key before value."""
+        return tuple(n for n in self.inputs if n.startswith("past_key_values."))
+
+
+def classify(config: dict[str, Any]) -> Task:
+    """The task a model is exported for, from its config.json; refuses what is not supported."""
+    model_type = str(config.get("model_type", ""))
+    archs = [str(a) for a in config.get("architectures") or []]
+    if model_type in DECODER_TYPES:
+        if archs and not any(a.endswith("ForCausalLM") for a in archs):
+            raise UnsupportedModel(f"{model_type} checkpoint with architectures {archs} is not a causal LM",
+                                   hint="ONNX export covers *ForCausalLM decoders (logits)")
+        return "text-generation"
+    if model_type in ENCODER_TYPES:
+        return "feature-extraction"
+    raise UnsupportedModel(
+        f"model_type {model_type or '(none)'!r} is not supported by --to onnx",
+        hint=f"supported: encoders {', '.join(sorted(ENCODER_TYPES))}; decoders {', '.join(sorted(DECODER_TYPES))}",
+    )
+
+
+def load(directory: Path, task: Task) -> tuple[Any, Any]:
+    """Load the model in float32 (eval mode, SDPA attention) and its tokenizer, from local files only."""
+    import torch
+    import transformers
+
+    cls = transformers.AutoModelForCausalLM if task == "text-generation" else transformers.AutoModel
+    with quiet():
+        model = cls.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa",
+                                    local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    model.eval()
+    if tokenizer.pad_token is None:
+        # Decoder tokenizers often have no pad token; generation pads with EOS the same way.
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return model, tokenizer
+
+
+def cache_kwarg(model: Any) -> str:
+    """The forward() keyword that takes the KV cache: `cache` in recent transformers, `past_key_values` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def cache_of(output: Any) -> Any:
+    """The KV cache a forward pass returned."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
+def signature(model: Any, tokenizer: Any, task: Task, with_past: bool) -> Signature:
+    """The graph interface for this model; for past key/values, one real forward pass tells their shape."""
+    import inspect
+
+    import torch
+
+    if task == "feature-extraction":
+        accepted = inspect.signature(model.forward).parameters
+        extra = tuple(n for n in ("token_type_ids",) if n in tokenizer.model_input_names and n in accepted)
+        return Signature(task, ("input_ids", "attention_mask", *extra), ("last_hidden_state",))
+    base = ("input_ids", "attention_mask", "position_ids")
+    if not with_past:
+        return Signature(task, base, ("logits",))
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([[1, 2]]), use_cache=True)
+    layers = list(cache_of(out).layers)
+    _, kv_heads, _, head_dim = layers[0].keys.shape
+    names = [f"{i}.{kind}" for i in range(len(layers)) for kind in ("key", "value")]
+    return Signature(task, (*base, *(f"past_key_values.{n}" for n in names)),
+                     ("logits", *(f"present.{n}" for n in names)), len(layers), int(kv_heads), int(head_dim))
+
+
+def _wrapper(model: Any, sig: Signature) -> Any:
+    """A module whose forward() is the graph's signature."""
+    import torch
+
+    kwarg = cache_kwarg(model)
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+            out = self.model(**dict(zip(sig.inputs, inputs, strict=True)))
+            hidden: torch.Tensor = out.last_hidden_state
+            return hidden
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                    *past: torch.Tensor) -> Any:
+            import transformers
+
+            kwargs: dict[str, Any] = {"use_cache": bool(past)}
+            if past:
+                cache = transformers.DynamicCache(config=self.model.config)
+                for i in range(sig.layers):
+                    cache.update(past[2 * i], past[2 * i + 1], i)
+                kwargs[kwarg] = cache
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+            if not past:
+                return out.logits
+            present = [t for layer in cache_of(out).layers for t in (layer.keys, layer.values)]
+            return (out.logits, *present)
+
+    wrapper = Encoder() if sig.task == "feature-extraction" else Decoder()
+    return wrapper.eval()
+
+
+def _example(sig: Signature) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Example inputs and their dynamic axes; sizes of 0 or 1 would be specialized by torch.export, so 2+."""
+    import torch
+
+    batch, seq, past = torch.export.Dim("batch"), torch.export.Dim("sequence"), torch.export.Dim("past_sequence")
+    total = torch.export.Dim("total_sequence")
+    b, s, p = 2, 5, 3
+    ids = torch.randint(3, 50, (b, s))
+    mask = torch.ones(b, s, dtype=torch.int64)
+    if sig.task == "feature-extraction":
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+        # forward(*inputs): torch.export sees one tuple argument, so the axes are one nested tuple.
+        return tuple(feeds[n] for n in sig.inputs), (tuple({0: batch, 1: seq} for _ in sig.inputs),)
+    if not sig.with_past:
+        positions = torch.arange(s).expand(b, s).contiguous()
+        return (ids, mask, positions), ({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch, 1: seq})
+    mask = torch.ones(b, s + p, dtype=torch.int64)
+    positions = torch.arange(p, p + s).expand(b, s).contiguous()
+    kv = tuple(torch.randn(b, sig.kv_heads, p, sig.head_dim) for _ in sig.past_inputs)
+    # The attention mask covers past and new tokens (Dims only add integers, so it gets its own name).
+    shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq},
+              tuple({0: batch, 2: past} for _ in kv))
+    return (ids, mask, positions, *kv), shapes
+
+
+def export(model: Any, sig: Signature, dest: Path) -> None:
+    """Trace the model with torch.onnx (dynamo=True) and write `dest/model.onnx` + its data file, float32."""
+    import torch
+
+    args, dynamic = _example(sig)
+    with quiet(), torch.no_grad():
+        program = torch.onnx.export(
+            _wrapper(model, sig), args, dynamo=True, input_names=list(sig.inputs), output_names=list(sig.outputs),
+            dynamic_shapes=dynamic, opset_version=OPSET, optimize=True, verbose=False,
+        )
+    if program is None:  # only the TorchScript path returns None
+        raise RuntimeError("torch.onnx.export returned no program")
+    save(program.model_proto, dest)
+
+
+def save(proto: Any, dest: Path) -> Path:
+    """Write a model as `dest/model.onnx` + `dest/model.onnx.data`, stamped with IR_VERSION, and check it."""
+    import onnx
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in (MODEL_FILE, DATA_FILE):
+        (dest / name).unlink(missing_ok=True)
+    if proto.ir_version > IR_VERSION:
+        proto.ir_version = IR_VERSION
+    onnx.save_model(proto, dest / MODEL_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=DATA_FILE, size_threshold=EXTERNAL_MIN_BYTES, convert_attribute=False)
+    if not (dest / DATA_FILE).exists():
+        (dest / DATA_FILE).touch()  # a model without large tensors still has the documented tree
+    onnx.checker.check_model(str(dest / MODEL_FILE))
+    return dest / MODEL_FILE
+
+
+def load_proto(src: Path) -> Any:
+    """A saved model with its external data in memory."""
+    import onnx
+
+    return onnx.load_model(src / MODEL_FILE, load_external_data=True)
+
+
+def to_fp16(src: Path, dest: Path) -> None:
+    """Convert float32 weights and compute to float16 (ONNX Runtime's converter); caller-facing outputs stay float32."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    proto = load_proto(src)
+    keep = [o.name for o in proto.graph.output if o.name in FLOAT32_OUTPUTS]
+    with quiet():
+        # The exporter already typed every value: shape inference would only fail on >2 GB protos.
+        converted = convert_float_to_float16(proto, keep_io_types=keep, disable_shape_infer=True)
+    save(converted, dest)
+
+
+def quantize_int8(src: Path, dest: Path) -> None:
+    """ONNX Runtime dynamic quantization: MatMul weights to int8 per channel, activations quantized at run time."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory(prefix=".quant-", dir=dest.parent) as tmp, quiet():
+        out = Path(tmp) / MODEL_FILE
+        # Embedding lookups (Gather) and the rest stay float: int8 there costs accuracy for little size.
+        quantize_dynamic(src / MODEL_FILE, out, weight_type=QuantType.QInt8, per_channel=True,
+                         op_types_to_quantize=["MatMul"], use_external_data_format=True)
+        save(load_proto(Path(tmp)), dest)
+
+
+def optimize(src: Path, dest: Path, provider: str) -> None:
+    """ONNX Runtime offline graph optimization (extended level: fusions for `provider`); saved, not just applied."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix=".opt-", dir=dest.parent) as tmp:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = str(Path(tmp) / MODEL_FILE)
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", DATA_FILE)
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                         str(EXTERNAL_MIN_BYTES))
+        options.log_severity_level = 3
+        ort.InferenceSession(str(src / MODEL_FILE), options, providers=[provider])
+        save(load_proto(Path(tmp)), dest)
+
+
+def describe(path: Path) -> dict[str, Any]:
+    """Opset, IR version, domains and I/O (names, element types, dims) of a saved graph, without its weights."""
+    import onnx
+
+    proto = onnx.load_model(path, load_external_data=False)
+
+    def io(values: Any) -> dict[str, Any]:
+        return {v.name: {"type": onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type).lower(),
+                         "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]}
+                for v in values}
+
+    return {
+        "ir_version": proto.ir_version,
+        "opsets": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
+        "inputs": io(proto.graph.input),
+        "outputs": io(proto.graph.output),
+    }
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Keep library chatter off stdout (one JSON document there with --json) and known noise off stderr."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "")]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+        warnings.simplefilter("ignore")
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            with _transformers_quiet():
+                yield
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def _transformers_quiet() -> Iterator[None]:
+    """Silence transformers' progress bars and warnings for the duration, then restore them."""
+    import importlib
+
+    tlog: Any = importlib.import_module("transformers.utils.logging")  # untyped functions: used as Any
+    verbosity, bars = tlog.get_verbosity(), tlog.is_progress_bar_enabled()
+    tlog.set_verbosity_error()
+    tlog.disable_progress_bar()
+    try:
+        yield
+    finally:
+        tlog.set_verbosity(verbosity)
+        if bars:
+            tlog.enable_progress_bar()
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    """config.json of the snapshot, or a clear refusal."""
+    path = directory / "config.json"
+    if not path.is_file():
+        raise UnsupportedModel("the snapshot has no config.json", hint="ONNX export needs a transformers checkpoint")
+    config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return config

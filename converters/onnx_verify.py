@@ -1,0 +1,286 @@
+"""Verification of an ONNX export: ONNX Runtime against PyTorch on real tokens, and greedy generation.
+
+PyTorch's outputs are computed first, from the loaded transformers model itself (not the export
+wrapper), before the export touches anything. Then the written files are loaded by ONNX Runtime and
+run on the same token batches: one unpadded sequence, a left-padded batch of two and a right-padded
+batch of three of different lengths. Every output is compared on the real (unmasked) tokens; a NaN
+or Inf anywhere in any output fails. With past key/values, 16 greedy tokens from left-padded prompts,
+fed back through the KV cache, must equal `model.generate`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from converters.onnx_export import MODEL_FILE, Signature, cache_of, quiet
+from manifests import SourceInfo, Verification
+
+Array = npt.NDArray[Any]
+
+TEXTS = (
+    "Hello world! How are you today?",
+    "A model registry keeps track of every model that a team trains, downloads or ships to production.",
+    "The quick brown fox jumps over the lazy dog.",
+    "When you pull a model, the registry checks the digest of each file, so a broken download is caught "
+    "before it reaches a server; readers never see a half written directory.",
+    "1, 2, 3, 4, 5 and 10, 20, 30, 100.",
+    "This is a test.",
+)
+#: (texts, padding side) of each compared batch.
+BATCHES = ((TEXTS[2:3], "right"), (TEXTS[0:2], "left"), (TEXTS[3:6], "right"))
+GENERATE_TOKENS = 16
+MAX_TOKENS = 48
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What an output must meet: max absolute difference, or min cosine and top-1 agreement."""
+
+    max_abs: float | None = None
+    min_cosine: float | None = None
+    mean_cosine: float | None = None
+    min_top1: float | None = None
+    exact_generation: bool = False
+
+
+#: Per precision, as the README states. fp32 differs from PyTorch only by summation order; fp16 and
+#: int8 change the numbers on purpose, so they are judged by direction (cosine) and argmax (top-1).
+THRESHOLDS = {
+    "fp32": Thresholds(max_abs=1e-4, exact_generation=True),
+    "fp16": Thresholds(min_cosine=0.999, min_top1=0.95),
+    "int8": Thresholds(min_cosine=0.95, mean_cosine=0.98, min_top1=0.80),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One compared batch: its description, token inputs and PyTorch outputs."""
+
+    label: str
+    feeds: dict[str, Array]
+    outputs: dict[str, Array]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Everything PyTorch said, computed before the export."""
+
+    cases: tuple[Case, ...]
+    prompts: dict[str, Array] = field(default_factory=dict)
+    generated: Array | None = None
+    step_logits: tuple[Array, ...] = ()
+    eos: tuple[int, ...] = ()
+    pad: int = 0
+
+
+def _positions(mask: Array) -> Array:
+    """Position ids as transformers' generate derives them from a (left-)padded attention mask."""
+    pos = np.cumsum(mask, axis=-1) - 1
+    pos[mask == 0] = 1
+    return pos.astype(np.int64)
+
+
+def _encode(tokenizer: Any, texts: tuple[str, ...], side: str, max_length: int) -> dict[str, Array]:
+    tokenizer.padding_side = side
+    enc = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="np")
+    return {k: np.asarray(v, dtype=np.int64) for k, v in enc.items()}
+
+
+def reference(model: Any, tokenizer: Any, sig: Signature) -> Reference:
+    """Run the transformers model on the verification batches (and generate, with past) in PyTorch."""
+    import torch
+
+    limit = min(MAX_TOKENS, int(getattr(model.config, "max_position_embeddings", MAX_TOKENS) or MAX_TOKENS))
+    cases = []
+    for texts, side in BATCHES:
+        enc = _encode(tokenizer, texts, side, limit)
+        feeds = {n: enc[n] for n in sig.inputs if n in enc}
+        if "position_ids" in sig.inputs:
+            feeds["position_ids"] = _positions(feeds["attention_mask"])
+        # Encoders such as DistilBERT take no use_cache argument.
+        extra = {"use_cache": sig.with_past} if sig.task == "text-generation" else {}
+        with torch.no_grad():
+            out = model(**{k: torch.from_numpy(v) for k, v in feeds.items()}, **extra)
+        outputs = {sig.outputs[0]: (out.logits if sig.task == "text-generation" else out.last_hidden_state).numpy()}
+        if sig.with_past:
+            for i, layer in enumerate(cache_of(out).layers):
+                outputs[f"present.{i}.key"], outputs[f"present.{i}.value"] = layer.keys.numpy(), layer.values.numpy()
+        batch, length = feeds["input_ids"].shape
+        padding = f"{side}-padded" if (feeds["attention_mask"] == 0).any() else "no padding"
+        cases.append(Case(f"batch {batch} x {length} tokens, {padding}", feeds, outputs))
+    if not sig.with_past:
+        return Reference(tuple(cases))
+    return _generate(model, tokenizer, tuple(cases), limit)
+
+
+def _generate(model: Any, tokenizer: Any, cases: tuple[Case, ...], limit: int) -> Reference:
+    """transformers' own greedy generation: the sequence the ONNX model must reproduce token for token."""
+    import torch
+    import transformers
+
+    eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else \
+        model.config.eos_token_id
+    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
+    pad = int(tokenizer.pad_token_id)
+    prompts = _encode(tokenizer, TEXTS[0:2], "left", limit - GENERATE_TOKENS)
+    # A fresh config: plain greedy decoding, none of the checkpoint's sampling or repetition settings.
+    generation_config: Any = transformers.GenerationConfig  # an untyped constructor
+    config = generation_config(do_sample=False, num_beams=1, max_new_tokens=GENERATE_TOKENS,
+                                           eos_token_id=list(eos_ids) or None, pad_token_id=pad)
+    with torch.no_grad(), quiet():
+        out = model.generate(**{k: torch.from_numpy(v) for k, v in prompts.items()}, generation_config=config,
+                             return_dict_in_generate=True, output_logits=True)
+    generated = out.sequences[:, prompts["input_ids"].shape[1]:].numpy()
+    return Reference(cases, prompts, generated, tuple(t.numpy() for t in out.logits), eos_ids, pad)
+
+
+def session(path: Path, provider: str) -> Any:
+    """An ONNX Runtime session on the written files, on one execution provider."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path / MODEL_FILE), options, providers=[provider])
+
+
+def _empty_past(sess: Any, sig: Signature, batch: int) -> dict[str, Array]:
+    types = {i.name: np.float16 if i.type == "tensor(float16)" else np.float32 for i in sess.get_inputs()}
+    return {n: np.zeros((batch, sig.kv_heads, 0, sig.head_dim), dtype=types[n]) for n in sig.past_inputs}
+
+
+def _rows(x: Array, mask: Array, seq_axis: int) -> Array:
+    """The vectors of the real tokens: (tokens, features)."""
+    moved = np.moveaxis(x, seq_axis, 1)
+    picked: Array = moved[mask.astype(bool)].reshape(int(mask.sum()), -1).astype(np.float64)
+    return picked
+
+
+def compare(name: str, got: Array, ref: Array, mask: Array) -> dict[str, float]:
+    """Differences of one output on the real tokens, and its non-finite values anywhere."""
+    metrics = {f"{name}.nonfinite": float(np.size(got) - np.isfinite(got).sum())}
+    if got.shape != ref.shape:
+        return {**metrics, f"{name}.shape_mismatch": 1.0}
+    a, b = _rows(got, mask, 2 if name.startswith("present.") else 1), _rows(ref, mask, 2 if "present." in name else 1)
+    diff = np.abs(a - b)
+    max_abs = float(diff.max(initial=0.0)) if np.isfinite(diff).all() else float("inf")
+    scale = float(np.abs(b).max(initial=0.0))
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    cosine = np.where(norms > 0, (a * b).sum(axis=1) / np.maximum(norms, 1e-300), 1.0)
+    metrics |= {
+        f"{name}.max_abs_diff": max_abs,
+        f"{name}.max_rel_diff": max_abs / scale if scale > 0 else max_abs,
+        f"{name}.min_cosine": float(np.nan_to_num(cosine, nan=-1.0).min(initial=1.0)),
+        f"{name}.mean_cosine": float(np.nan_to_num(cosine, nan=-1.0).mean()) if len(cosine) else 1.0,
+    }
+    if name == "logits":
+        metrics[f"{name}.top1_agreement"] = float((a.argmax(axis=1) == b.argmax(axis=1)).mean())
+    return metrics
+
+
+def _merge(into: dict[str, float], new: dict[str, float]) -> None:
+    """Worst case across batches: largest differences, smallest cosine and agreement."""
+    for k, v in new.items():
+        worse = min if k.endswith(("_cosine", "top1_agreement")) else max
+        into[k] = worse(into[k], v) if k in into else v
+
+
+def _greedy(sess: Any, sig: Signature, ref: Reference) -> tuple[Array, list[Array]]:
+    """Greedy decoding through the ONNX model with its KV cache, stopping rows as generate does."""
+    ids, mask = ref.prompts["input_ids"], ref.prompts["attention_mask"]
+    positions = _positions(mask)
+    batch = ids.shape[0]
+    past = _empty_past(sess, sig, batch)
+    done = np.zeros(batch, dtype=bool)
+    tokens, logits = [], []
+    for _ in range(GENERATE_TOKENS):
+        out = dict(zip(sig.outputs, sess.run(list(sig.outputs), {"input_ids": ids, "attention_mask": mask,
+                                                                 "position_ids": positions, **past}), strict=True))
+        step = out["logits"][:, -1].astype(np.float32)
+        logits.append(step)
+        nxt = np.where(done, ref.pad, step.argmax(axis=-1)).astype(np.int64)
+        tokens.append(nxt)
+        done |= np.isin(nxt, ref.eos)
+        if done.all():
+            break
+        past = {p: out["present." + p.removeprefix("past_key_values.")] for p in sig.past_inputs}
+        ids, positions = nxt[:, None], positions[:, -1:] + 1
+        mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
+    return np.stack(tokens, axis=1), logits
+
+
+def verify(path: Path, sig: Signature, ref: Reference, precision: str, provider: str, source: SourceInfo,
+           versions: dict[str, str]) -> Verification:
+    """Run the written model in ONNX Runtime on the reference batches and judge it by the precision's thresholds."""
+    limits = THRESHOLDS[precision]
+    sess = session(path, provider)
+    metrics: dict[str, float] = {}
+    for case in ref.cases:
+        feeds = {**case.feeds, **(_empty_past(sess, sig, case.feeds["input_ids"].shape[0]) if sig.with_past else {})}
+        got = dict(zip(sig.outputs, sess.run(list(sig.outputs), feeds), strict=True))
+        for name in sig.outputs:
+            _merge(metrics, compare(name, got[name], case.outputs[name], case.feeds["attention_mask"]))
+    inputs = [c.label for c in ref.cases]
+    if ref.generated is not None:
+        tokens, logits = _greedy(sess, sig, ref)
+        same = tokens.shape == ref.generated.shape and bool((tokens == ref.generated).all())
+        steps = min(len(logits), len(ref.step_logits))
+        metrics["generation.tokens"] = float(ref.generated.size)
+        metrics["generation.tokens_equal"] = float(same)
+        metrics["generation.nonfinite"] = float(sum(np.size(x) - np.isfinite(x).sum() for x in logits))
+        if steps:
+            metrics["generation.logits.max_abs_diff"] = max(
+                float(np.abs(logits[i] - ref.step_logits[i]).max()) for i in range(steps))
+        inputs.append(f"greedy generation of {GENERATE_TOKENS} tokens from {ref.generated.shape[0]} "
+                      f"left-padded prompts through the KV cache")
+    problems, tolerance = judge(metrics, limits)
+    return Verification(
+        status="failed" if problems else "passed",
+        method=(f"ONNX Runtime {versions.get('onnxruntime', '?')} ({provider}) against PyTorch "
+                f"{versions.get('torch', '?')} / transformers {versions.get('transformers', '?')} float32 on the "
+                "model's own tokens; differences over real (unmasked) tokens, NaN/Inf anywhere fails; "
+                f"{precision} thresholds"),
+        reference=f"{source.repo}@{source.commit}",
+        inputs=tuple(inputs),
+        metrics={k: round(v, 9) if np.isfinite(v) else v for k, v in sorted(metrics.items())},
+        tolerance=tolerance,
+        detail="; ".join(problems[:12]) or None,
+    )
+
+
+def judge(metrics: dict[str, float], limits: Thresholds) -> tuple[list[str], dict[str, float]]:
+    """The problems (empty when it passes) and the tolerances that applied."""
+    problems: list[str] = []
+    tolerance: dict[str, float] = {}
+    for key, value in metrics.items():
+        if key.endswith(".nonfinite"):
+            tolerance[key] = 0.0
+            if value:
+                problems.append(f"{key.removesuffix('.nonfinite')} has {value:.0f} NaN/Inf values")
+        elif key.endswith(".shape_mismatch"):
+            problems.append(f"{key.removesuffix('.shape_mismatch')} has the wrong shape")
+        elif key.endswith(".max_abs_diff") and limits.max_abs is not None:
+            tolerance[key] = limits.max_abs
+            if not value <= limits.max_abs:
+                problems.append(f"{key} = {value:.3g} > {limits.max_abs:g}")
+        elif key.endswith(".min_cosine") and limits.min_cosine is not None:
+            tolerance[key] = limits.min_cosine
+            if not value >= limits.min_cosine:
+                problems.append(f"{key} = {value:.6g} < {limits.min_cosine:g}")
+        elif key.endswith(".mean_cosine") and limits.mean_cosine is not None:
+            tolerance[key] = limits.mean_cosine
+            if not value >= limits.mean_cosine:
+                problems.append(f"{key} = {value:.6g} < {limits.mean_cosine:g}")
+        elif key.endswith(".top1_agreement") and limits.min_top1 is not None:
+            tolerance[key] = limits.min_top1
+            if not value >= limits.min_top1:
+                problems.append(f"{key} = {value:.3g} < {limits.min_top1:g}")
+        elif key == "generation.tokens_equal" and limits.exact_generation:
+            tolerance[key] = 1.0
+            if value != 1.0:
+                problems.append("greedy generation through the KV cache differs from transformers' generate")
+    return problems, tolerance

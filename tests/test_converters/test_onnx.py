@@ -1,0 +1,255 @@
+"""`mreg convert --to onnx`: the spec grammar, clear refusals, and encoders verified in ONNX Runtime.
+
+The heavy tests build a tiny BERT, convert it through the CLI and load the published tree with ONNX
+Runtime; a tampered export (a scaled or NaN weight) must fail verification and publish nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from converters.onnx import CONVERTER, GRAMMAR, parse_spec
+from registry.errors import UsageError
+
+HEAVY = ("torch", "transformers", "onnx", "onnxruntime", "onnxscript")
+
+
+def _have_heavy() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in HEAVY)
+
+
+needs_onnx = pytest.mark.skipif(not _have_heavy(), reason="needs mreg[onnx] (torch, transformers, onnx, onnxruntime)")
+
+
+# --------------------------------------------------------------------------- spec grammar, no heavy imports
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("", {"dtype": "fp32", "quantize": None, "optimize": False, "with_past": False}),
+    ("fp16", {"dtype": "fp16", "quantize": None, "optimize": False, "with_past": False}),
+    ("with-past, FP16", {"dtype": "fp16", "quantize": None, "optimize": False, "with_past": True}),
+    ("int8,optimize", {"dtype": "fp32", "quantize": "int8", "optimize": True, "with_past": False}),
+    ("fp32,optimize,with-past", {"dtype": "fp32", "quantize": None, "optimize": True, "with_past": True}),
+])
+def test_spec_normalizes(spec: str, expected: dict[str, Any]) -> None:
+    assert parse_spec(spec) == expected
+    assert CONVERTER.options({"spec": spec} if spec else {}) == expected
+
+
+def test_spec_order_does_not_change_the_options() -> None:
+    assert CONVERTER.options({"spec": "with-past,fp16"}) == CONVERTER.options({"spec": "fp16,with-past"})
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("bf16", "unknown --to onnx option 'bf16'"),
+    ("fp16,fp32", "sets dtype twice"),
+    ("fp16,int8", "cannot be combined with fp16"),
+    ("optimize,optimize", "sets optimize twice"),
+])
+def test_spec_refusals_name_the_grammar(spec: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message) as info:
+        parse_spec(spec)
+    assert info.value.hint == GRAMMAR and info.value.exit_code == 2
+
+
+def test_options_refuse_unknown_keys() -> None:
+    with pytest.raises(UsageError, match="takes only a spec"):
+        CONVERTER.options({"dtype": "fp16"})
+
+
+def test_planning_imports_no_heavy_library() -> None:
+    code = ("import sys; import converters; c = converters.get('onnx'); c.options({'spec': 'fp16'}); "
+            "c.tool_versions(); "
+            "from registry.cli import main; "
+            f"print([m for m in {(*HEAVY, 'numpy')!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[2])
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_tool_versions_accept_the_gpu_build_of_onnx_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    def version(dist: str) -> str:
+        if dist == "onnxruntime":
+            raise metadata.PackageNotFoundError(dist)
+        return "1.31.1" if dist == "onnxruntime-gpu" else "9.9"
+
+    monkeypatch.setattr(metadata, "version", version)
+    tools = CONVERTER.tool_versions()
+    assert tools["onnxruntime"] == "1.31.1 (onnxruntime-gpu)" and tools["torch"] == "9.9"
+    assert tools["onnx.opset"] == "18" and tools["onnx.ir_version"] == "10"
+
+    monkeypatch.setattr(metadata, "version", lambda d: (_ for _ in ()).throw(metadata.PackageNotFoundError(d)))
+    with pytest.raises(UsageError, match="needs torch, transformers, onnx, onnxruntime, onnxscript, numpy") as info:
+        CONVERTER.tool_versions()
+    assert info.value.hint == "pip install 'mreg[onnx]'"
+
+
+def test_missing_library_says_how_to_install(mreg: Any, tmp_path: Path, store_root: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiny_models import build_tiny_bert
+
+    src = build_tiny_bert(tmp_path / "bert")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` now raises ImportError
+    r = mreg("convert", src, "--to", "onnx", "--name", "m")
+    assert r.exit_code == 2, r.stderr
+    assert "not installed" in r.stderr and "pip install 'mreg[onnx]'" in r.stderr
+    assert not (store_root / "models" / "m" / "versions").exists()
+
+
+def test_unsupported_model_is_refused(mreg: Any, tmp_path: Path, store_root: Path) -> None:
+    from conftest import write_model
+
+    src = write_model(tmp_path / "gpt", 1)
+    (src / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    r = mreg("convert", src, "--to", "onnx", "--name", "m", "--json")
+    assert r.exit_code == 2 and r.json["error"]["type"] == "UnsupportedModel"
+    assert "'gpt2' is not supported" in r.json["error"]["message"] and "llama" in r.json["error"]["hint"]
+
+
+# --------------------------------------------------------------------------- encoders through the CLI
+
+
+def convert(mreg: Any, src: Path, spec: str = "", name: str = "m") -> dict[str, Any]:
+    """Run `mreg convert SRC --to onnx[:SPEC] --json`; the JSON document, exit 0 asserted."""
+    r = mreg("convert", src, "--to", "onnx" + (f":{spec}" if spec else ""), "--name", name, "--json")
+    assert r.exit_code == 0, r.stderr + r.stdout
+    doc: dict[str, Any] = r.json
+    return doc
+
+
+def artifact(store_root: Path, name: str, version: int) -> tuple[dict[str, Any], Path]:
+    """The onnx artifact record of a published version and its directory."""
+    vdir = store_root / "models" / name / "versions" / str(version)
+    manifest = json.loads((vdir / "manifest.json").read_text())
+    (art,) = [a for a in manifest["artifacts"] if a["format"] == "onnx"]
+    return art, vdir / "onnx"
+
+
+@pytest.fixture
+def bert(tmp_path: Path) -> Path:
+    """A tiny BERT directory (WordPiece tokenizer, token_type_ids)."""
+    from tiny_models import build_tiny_bert
+
+    return build_tiny_bert(tmp_path / "tiny-bert")
+
+
+@needs_onnx
+def test_encoder_exports_verifies_and_is_reused(mreg: Any, bert: Path, store_root: Path) -> None:
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    doc = convert(mreg, bert)
+    assert doc["verification"] == {"onnx": "passed"} and doc["reused"] is False
+    art, tree = artifact(store_root, "m", doc["version"])
+    paths = {f["path"] for f in art["files"]}
+    assert {"model.onnx", "model.onnx.data", "config.json", "tokenizer.json", "vocab.txt"} <= paths
+    assert art["options"] == {"dtype": "fp32", "quantize": None, "optimize": False, "with_past": False}
+    tools = art["tool_versions"]
+    assert {"torch", "transformers", "onnx", "onnxruntime", "onnxscript"} <= set(tools)
+    assert tools["onnxruntime.provider"] == "CPUExecutionProvider"
+    assert tools["onnx.opset"] == "18" and tools["onnx.ir_version"] == "10" and tools["onnx.opsets"] == "ai.onnx=18"
+    v = art["verification"]
+    assert v["status"] == "passed" and len(v["inputs"]) == 3
+    assert any("left-padded" in i for i in v["inputs"]) and any(i.startswith("batch 3") for i in v["inputs"])
+    m = v["metrics"]
+    assert m["last_hidden_state.max_abs_diff"] <= 1e-4 == v["tolerance"]["last_hidden_state.max_abs_diff"]
+    assert m["last_hidden_state.nonfinite"] == 0.0 and m["last_hidden_state.min_cosine"] > 0.9999
+    assert 0 <= m["last_hidden_state.max_rel_diff"] < 1e-4
+
+    # What an engine mounts: ORT loads the published tree as it is, with any batch and length.
+    graph = onnx.load(str(tree / "model.onnx"), load_external_data=False)
+    assert graph.ir_version == 10 and [(o.domain, o.version) for o in graph.opset_import] == [("", 18)]
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer)
+    dims = {i.name: [d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.graph.input}
+    assert dims == {n: ["batch", "sequence"] for n in ("input_ids", "attention_mask", "token_type_ids")}
+    sess = ort.InferenceSession(str(tree / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = np.full((4, 9), 7, dtype=np.int64)
+    (out,) = sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": ids * 0})
+    assert out.shape == (4, 9, 32) and np.isfinite(out).all()
+
+    again = convert(mreg, bert)
+    assert again["reused"] is True and again["version"] == doc["version"], "same inputs and options: no new work"
+    fp16 = convert(mreg, bert, "fp16")
+    assert fp16["version"] == doc["version"] + 1 and fp16["key"] != doc["key"], "an option is part of the key"
+    art16, tree16 = artifact(store_root, "m", fp16["version"])
+    assert art16["options"]["dtype"] == "fp16" and art16["verification"]["status"] == "passed"
+    m16, tol16 = art16["verification"]["metrics"], art16["verification"]["tolerance"]
+    assert m16["last_hidden_state.min_cosine"] >= tol16["last_hidden_state.min_cosine"] == 0.999
+    assert "last_hidden_state.max_abs_diff" not in tol16, "fp16 is judged by cosine, not by the fp32 bound"
+    # onnx >= 1.23 refuses to read external data through a file with several hard links, which is what
+    # every store blob is: the graph is read here without its weights, ORT reads both (above).
+    graph16 = onnx.load(str(tree16 / "model.onnx"), load_external_data=False)
+    assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph16.graph.initializer)
+    assert graph16.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT, "outputs stay float32"
+
+
+@needs_onnx
+def test_int8_with_offline_optimization(mreg: Any, bert: Path, store_root: Path) -> None:
+    import onnx
+
+    doc = convert(mreg, bert, "optimize,int8")
+    art, tree = artifact(store_root, "m", doc["version"])
+    assert art["options"] == {"dtype": "fp32", "quantize": "int8", "optimize": True, "with_past": False}
+    v = art["verification"]
+    assert v["status"] == "passed" and "int8 thresholds" in v["method"]
+    assert v["tolerance"]["last_hidden_state.mean_cosine"] == 0.98
+    assert v["metrics"]["last_hidden_state.mean_cosine"] >= 0.98
+    graph = onnx.load(str(tree / "model.onnx"), load_external_data=False)
+    ops = {n.op_type for n in graph.graph.node}
+    assert ops & {"MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}, ops
+    assert "com.microsoft" in art["tool_versions"]["onnx.opsets"], "ORT fusions are recorded through the opsets"
+    assert graph.ir_version == 10
+
+
+def _tamper(monkeypatch: pytest.MonkeyPatch, how: Callable[[Any], None]) -> None:
+    """Make the exporter write a model whose largest MatMul weight (a feed-forward one) is changed by `how`."""
+    from onnx import numpy_helper
+
+    from converters import onnx_export
+
+    real = onnx_export.export
+
+    def tampered(model: Any, sig: Any, dest: Path) -> None:
+        real(model, sig, dest)
+        proto = onnx_export.load_proto(dest)
+        inits = {t.name: t for t in proto.graph.initializer}
+        weights = {i: numpy_helper.to_array(inits[i]) for n in proto.graph.node if n.op_type == "MatMul"
+                   for i in n.input if i in inits}
+        name = max(weights, key=lambda i: weights[i].size)
+        array = weights[name].copy()
+        how(array)
+        inits[name].CopyFrom(numpy_helper.from_array(array, name))
+        onnx_export.save(proto, dest)
+
+    monkeypatch.setattr(onnx_export, "export", tampered)
+
+
+@needs_onnx
+@pytest.mark.parametrize(("label", "how", "message"), [
+    ("scaled by 1%", lambda a: a.__imul__(1.01), "last_hidden_state.max_abs_diff = "),
+    ("one NaN", lambda a: a.flat.__setitem__(0, float("nan")), "last_hidden_state has "),
+])
+def test_a_tampered_export_fails_and_publishes_nothing(label: str, how: Callable[[Any], None], message: str,
+                                                       mreg: Any, bert: Path, store_root: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _tamper(monkeypatch, how)
+    r = mreg("convert", bert, "--to", "onnx", "--name", "m", "--json")
+    assert r.exit_code == 4, f"{label}: {r.stdout}"
+    err = r.json["error"]
+    assert err["type"] == "IntegrityError" and "failed verification" in err["message"] and message in err["message"]
+    assert not (store_root / "models" / "m" / "versions").exists() or \
+        not any((store_root / "models" / "m" / "versions").iterdir())
+    leftovers = [p for p in (store_root / "tmp").rglob("*") if p.is_file()] if (store_root / "tmp").exists() else []
+    assert leftovers == [], "staging is discarded"

@@ -1,0 +1,135 @@
+"""`mreg convert --to onnx` for decoder LLMs: logits, and a KV cache that generates like transformers.
+
+Tiny random llama / mistral / qwen2 / qwen3 directories (real safetensors, real tokenizers) are converted through
+the CLI; the published tree is then driven by ONNX Runtime directly, as a serving engine would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+
+def convert(mreg: Any, src: Path, spec: str = "", name: str = "m") -> dict[str, Any]:
+    """Run `mreg convert SRC --to onnx[:SPEC] --json`; the JSON document, exit 0 asserted."""
+    r = mreg("convert", src, "--to", "onnx" + (f":{spec}" if spec else ""), "--name", name, "--json")
+    assert r.exit_code == 0, r.stderr + r.stdout
+    doc: dict[str, Any] = r.json
+    return doc
+
+
+def artifact(store_root: Path, name: str, version: int) -> tuple[dict[str, Any], Path]:
+    """The onnx artifact record of a published version and its directory."""
+    vdir = store_root / "models" / name / "versions" / str(version)
+    manifest = json.loads((vdir / "manifest.json").read_text())
+    (art,) = [a for a in manifest["artifacts"] if a["format"] == "onnx"]
+    return art, vdir / "onnx"
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral"])
+def test_logits_with_dynamic_axes(kind: str, mreg: Any, store_root: Path, tiny_model: Callable[..., Path]) -> None:
+    import numpy as np
+    import onnxruntime as ort
+
+    doc = convert(mreg, tiny_model(kind))
+    art, tree = artifact(store_root, "m", doc["version"])
+    v = art["verification"]
+    assert v["status"] == "passed" and "generation.tokens" not in v["metrics"]
+    m = v["metrics"]
+    assert m["logits.max_abs_diff"] <= v["tolerance"]["logits.max_abs_diff"] == 1e-4
+    assert m["logits.top1_agreement"] == 1.0 and m["logits.nonfinite"] == 0.0
+    assert {"generation_config.json", "tokenizer.json", "config.json"} <= {f["path"] for f in art["files"]}
+    sess = ort.InferenceSession(str(tree / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == ["input_ids", "attention_mask", "position_ids"]
+    assert [o.name for o in sess.get_outputs()] == ["logits"]
+    ids = np.arange(3, 3 + 5 * 11, dtype=np.int64).reshape(5, 11)
+    (logits,) = sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                                "position_ids": np.tile(np.arange(11, dtype=np.int64), (5, 1))})
+    assert logits.shape == (5, 11, 320)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_with_past_generates_like_transformers(kind: str, mreg: Any, store_root: Path,
+                                               tiny_model: Callable[..., Path]) -> None:
+    doc = convert(mreg, tiny_model(kind), "with-past")
+    art, tree = artifact(store_root, "m", doc["version"])
+    assert art["options"]["with_past"] is True
+    v = art["verification"]
+    m, tol = v["metrics"], v["tolerance"]
+    assert v["status"] == "passed"
+    assert m["generation.tokens_equal"] == 1.0 == tol["generation.tokens_equal"]
+    assert m["generation.tokens"] == 32.0, "16 greedy tokens for each of two left-padded prompts"
+    assert m["generation.logits.max_abs_diff"] <= 1e-4 and m["generation.nonfinite"] == 0.0
+    layers = {k.split(".")[1] for k in m if k.startswith("present.")}
+    assert layers == {"0", "1"}
+    for layer in layers:
+        for kv in ("key", "value"):
+            assert m[f"present.{layer}.{kv}.max_abs_diff"] <= tol[f"present.{layer}.{kv}.max_abs_diff"]
+    assert any("greedy generation of 16 tokens" in i for i in v["inputs"])
+    _decode_from_the_published_tree(tree, kind)
+
+
+def _decode_from_the_published_tree(tree: Path, kind: str) -> None:
+    """Drive the KV cache from the store's files: one prompt step, then one token at a time."""
+    import numpy as np
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(tree / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    past_names = [n for n in names if n.startswith("past_key_values.")]
+    assert names[:3] == ["input_ids", "attention_mask", "position_ids"] and len(past_names) == 4
+    shape = sess.get_inputs()[3].shape
+    assert shape[0] == "batch" and isinstance(shape[2], str), f"{kind}: batch and past length are dynamic"
+    heads, dim = shape[1], shape[3]
+    past = {n: np.zeros((3, heads, 0, dim), np.float32) for n in past_names}
+    ids = np.array([[5, 6, 7, 8]] * 3, dtype=np.int64)
+    mask, pos = np.ones_like(ids), np.tile(np.arange(4, dtype=np.int64), (3, 1))
+    for _ in range(3):
+        out = sess.run(None, {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **past})
+        past = {n: out[1 + i] for i, n in enumerate(past_names)}
+        ids = out[0][:, -1:].argmax(-1).astype(np.int64)
+        pos, mask = pos[:, -1:] + 1, np.concatenate([mask, np.ones((3, 1), np.int64)], axis=1)
+    assert past[past_names[0]].shape == (3, heads, 6, dim)
+
+
+def test_fp16_with_past_keeps_a_float16_cache(mreg: Any, store_root: Path,
+                                              tiny_model: Callable[..., Path]) -> None:
+    import onnx
+
+    doc = convert(mreg, tiny_model("llama"), "with-past,fp16")
+    art, tree = artifact(store_root, "m", doc["version"])
+    v = art["verification"]
+    assert v["status"] == "passed" and "fp16 thresholds" in v["method"]
+    assert v["metrics"]["logits.min_cosine"] >= v["tolerance"]["logits.min_cosine"] == 0.999
+    assert v["metrics"]["logits.top1_agreement"] >= v["tolerance"]["logits.top1_agreement"] == 0.95
+    assert "generation.tokens_equal" in v["metrics"] and "generation.tokens_equal" not in v["tolerance"], \
+        "fp16 generation is recorded, not gated: a near tie may flip an argmax"
+    graph = onnx.load(str(tree / "model.onnx"), load_external_data=False)
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.graph.input, *graph.graph.output]}
+    assert types["logits"] == onnx.TensorProto.FLOAT
+    assert types["past_key_values.0.key"] == types["present.1.value"] == onnx.TensorProto.FLOAT16
+
+
+def test_int8_optimized_decoder(mreg: Any, store_root: Path, tiny_model: Callable[..., Path]) -> None:
+    doc = convert(mreg, tiny_model("qwen2"), "with-past,int8,optimize")
+    art, _ = artifact(store_root, "m", doc["version"])
+    v = art["verification"]
+    assert v["status"] == "passed" and "int8 thresholds" in v["method"]
+    assert v["metrics"]["logits.top1_agreement"] >= v["tolerance"]["logits.top1_agreement"] == 0.8
+    assert v["metrics"]["logits.mean_cosine"] >= 0.98 and v["metrics"]["generation.nonfinite"] == 0.0
+
+
+def test_with_past_is_refused_for_an_encoder(mreg: Any, tmp_path: Path) -> None:
+    from tiny_models import build_tiny_bert
+
+    r = mreg("convert", build_tiny_bert(tmp_path / "b"), "--to", "onnx:with-past", "--name", "m", "--json")
+    assert r.exit_code == 2 and "decoder LLMs only" in r.json["error"]["message"]
