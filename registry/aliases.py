@@ -34,7 +34,8 @@ def check_gates(version: Version, requirements: Sequence[str] = (), store: Store
     """Every reason a version may not be promoted (empty when it may).
 
     A requirement is a format (`hf`, `gguf`, …) the version must carry, or `check[:GOLDEN]`: the
-    latest golden-set check of this version (of that set) must have passed.
+    latest golden-set check of this version (of that set) must have passed, or `tensorrt:sm_80,sm_90`:
+    an engine for each of these compute capabilities.
     """
     problems = []
     for art in version.manifest.artifacts:
@@ -47,6 +48,10 @@ def check_gates(version: Version, requirements: Sequence[str] = (), store: Store
             from registry.check import check_problems
 
             problems += check_problems(store, version, req)
+        elif kind == "tensorrt" and ":" in req:
+            from converters.tensorrt_binding import gate_problems
+
+            problems += gate_problems(next((a for a in version.manifest.artifacts if a.format == kind), None), req)
         elif kind not in formats:
             problems.append(f"no {kind} artifact (required by --require {req})")
     return problems

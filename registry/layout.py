@@ -5,6 +5,7 @@ Store::
     <store>/
       blobs/sha256/ab/ab12…              immutable, read-only, named by their sha256
       tmp/                               work and staging directories (same filesystem as blobs)
+      caches/<format>/…                  what converters keep to speed up rebuilds (TensorRT timing caches)
       gc.lock                            publishers hold it shared, gc exclusive
       models/<name>/
         versions/<n>/manifest.json       written last: its presence means the version is complete
@@ -26,6 +27,7 @@ from pathlib import Path
 BLOBS = "blobs"
 BLOB_ALGO = "sha256"
 TMP = "tmp"
+CACHES = "caches"
 GC_LOCK = "gc.lock"
 MODELS = "models"
 VERSIONS = "versions"
@@ -55,6 +57,11 @@ def blobs_dir(root: Path) -> Path:
 def tmp_dir(root: Path) -> Path:
     """Directory for work and staging trees, on the store's filesystem."""
     return root / TMP
+
+
+def caches_dir(root: Path) -> Path:
+    """Directory of converters' rebuild caches: never part of a version, safe to delete."""
+    return root / CACHES
 
 
 def model_dir(root: Path, name: str) -> Path:
