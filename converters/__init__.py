@@ -33,6 +33,10 @@ class ConversionRequest:
     place: PlaceFile
     #: Artifact directories already in this version (carried from the parent or made earlier in this run).
     artifacts: dict[str, Path] = field(default_factory=dict)
+    #: The model's name in the store (for file names that must stay the same across versions).
+    name: str = ""
+    #: A directory in the store where a converter may keep what speeds up rebuilds (never part of a version).
+    cache_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,8 @@ class Converter(Protocol):
         """Write the artifact into `request.workdir` and verify it against the source."""
 
 
-_MODULES: dict[str, str] = {"hf": "converters.hf"}
+_MODULES: dict[str, str] = {"hf": "converters.hf", "gguf": "converters.gguf", "onnx": "converters.onnx",
+                          "tensorrt": "converters.tensorrt"}
 
 
 def get(fmt: str) -> Converter:

@@ -1,7 +1,8 @@
 """Running an artifact: one small session protocol, one runner per format, imported on first use.
 
 `mreg check` uses these to put golden cases through the runtime a format needs: transformers for
-`hf`, llama.cpp (llama-cpp-python) for `gguf`. Greedy decoding and fixed seeds make runs repeatable.
+`hf`, llama.cpp (llama-cpp-python) for `gguf`, ONNX Runtime for `onnx`. Greedy decoding and fixed
+seeds make runs repeatable.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Session(Protocol):
         """Free the model."""
 
 
-_RUNNERS = {"hf": "converters.run_hf", "gguf": "converters.run_gguf"}
+_RUNNERS = {"hf": "converters.run_hf", "gguf": "converters.run_gguf", "onnx": "converters.run_onnx"}
 
 
 def open_session(artifact_dir: Path, artifact: Artifact, manifest: Manifest) -> Session:

@@ -90,6 +90,16 @@ class TensorRTRequirements(_Record):
     precision: str
     built_on_gpu: str | None = None
     profiles: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = Field(default_factory=dict)
+    #: The ONNX files the engines were built from (path -> sha256), as they are in this version's onnx artifact.
+    onnx_files: dict[str, Sha256] = Field(default_factory=dict)
+    #: Compute capability (`sm_86`) -> its plan, relative to the artifact's directory.
+    engines: dict[str, RelPath] = Field(default_factory=dict)
+    #: Compute capability -> seconds the builder took for that engine.
+    build_s: dict[str, float] = Field(default_factory=dict)
+    #: Compute capability -> `warm` or `cold` (the timing cache found or not), or `none` (not used).
+    timing_cache: dict[str, str] = Field(default_factory=dict)
+    #: How a reduced-precision graph was made from the ONNX artifact (strongly typed networks), if it was.
+    precision_conversion: str | None = None
 
 
 class GGUFRequirements(_Record):

@@ -249,7 +249,8 @@ def _parse_target(text: str) -> tuple[str, dict[str, Any]]:
 @main.command()
 @click.argument("source", metavar="REPO[@REVISION] | ./DIR | NAME@REF")
 @click.option("--to", "targets", multiple=True, required=True, metavar="FORMAT[:SPEC]",
-              help="Target format (repeatable), e.g. hf, gguf:Q4_K_M, onnx, onnx:fp16.")
+              help="Target format (repeatable): hf, gguf:TYPE (F16, Q8_0, Q4_K_M, …), onnx[:fp16,int8,optimize,"
+                   "with-past], tensorrt[:target=sm_86+sm_89,…].")
 @click.option("--name", help="Model name in the store (default for NAME@REF sources: the same model).")
 @click.option("--copy", is_flag=True,
               help="Copy files into the store instead of hard-linking them from the cache.")
@@ -434,6 +435,22 @@ def resolve(ref: str, fmt: str, physical: bool, config_path: str | None, store: 
         path = str(layout.alias_path(st.root, v.name, r.ref) / art.path)
     else:
         path = version_path  # remote stores: the immutable version prefix (mount it with `mreg sync`)
+    if fmt == "tensorrt":  # the plan that fits this machine's GPU, its recorded binding checked
+        from converters.tensorrt_binding import pick_plan, resolve_plan
+
+        if hasattr(st, "root"):
+            plan = resolve_plan(f"{v.name}@{v.number}", art, Path(version_path))[0].relative_to(version_path)
+        else:
+            from converters.tensorrt_binding import detect_gpus
+
+            plan = Path(pick_plan(f"{v.name}@{v.number}", art, detect_gpus())[0])
+        path, version_path = f"{path}/{plan.as_posix()}", f"{version_path}/{plan.as_posix()}"
+    else:  # the file an engine opens (the .gguf, model.onnx), or the directory for hf
+        from registry.mount import engine_path
+
+        main_file = engine_path(Path(), art).relative_to(art.path).as_posix()
+        if main_file != ".":
+            path, version_path = f"{path}/{main_file}", f"{version_path}/{main_file}"
     doc = {"name": v.name, "version": v.number, "format": fmt, "path": path,
            "version_path": version_path, "alias": r.ref if is_alias else None}
     Output(as_json).result(doc, path)

@@ -141,7 +141,8 @@ def rollback(name: str, alias: str, to: int | None, expect: str | None, message:
 @click.argument("ref", metavar="NAME@REF")
 @click.option("--golden", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Golden cases, one JSON object per line.")
-@click.option("--format", "fmt", type=click.Choice(["hf", "gguf"]), help="Artifact to run (default: gguf, else hf).")
+@click.option("--format", "fmt", type=click.Choice(["hf", "gguf", "onnx"]),
+              help="Artifact to run (default: gguf, else onnx, else hf).")
 @click.option("--min-hit-rate", default=1.0, show_default=True, help="Share of `contains` keywords that must hit.")
 @click.option("--record-baseline", is_flag=True, help="Store these outputs as the expected ones for later versions.")
 @config_option

@@ -15,7 +15,7 @@ from typing import Any
 import converters
 from converters import ConversionRequest
 from manifests import Artifact, ConverterInfo, Manifest, SourceInfo
-from registry import provenance
+from registry import layout, provenance
 from registry.cache import Snapshot
 from registry.errors import IntegrityError
 from registry.modelinfo import read_model_info
@@ -65,11 +65,12 @@ def convert(
     progress = progress or NoProgress()
     started = time.monotonic()
     requested = [fmt for fmt, _ in targets]
-    carried = {a.format: a for a in (parent.manifest.artifacts if parent else ()) if a.format not in requested}
+    carried = [a for a in (parent.manifest.artifacts if parent else ()) if a.format not in requested]
+    carried_formats = {a.format for a in carried}
     ordered: list[tuple[str, dict[str, Any]]] = []
     for fmt, raw in targets:
         for need in getattr(converters.get(fmt), "needs", ()):
-            if need not in carried and need not in requested and need not in [f for f, _ in ordered]:
+            if need not in carried_formats and need not in requested and need not in [f for f, _ in ordered]:
                 ordered.append((need, {}))
         ordered.append((fmt, raw))
     plan = []
@@ -78,7 +79,7 @@ def convert(
         plan.append((conv, conv.options(raw), conv.tool_versions()))
     key = conversion_key(
         snapshot.record.source,
-        [(a.format, a.converter.name, a.converter.version, a.options, a.tool_versions) for a in carried.values()]
+        [(a.format, a.converter.name, a.converter.version, a.options, a.tool_versions) for a in carried]
         + [(c.format, c.name, c.version, opts, tools) for c, opts, tools in plan],
     )
     existing = store.find_by_key(name, key)
@@ -88,11 +89,14 @@ def convert(
     with store.writers():
         staging = store.stage(name)
         try:
-            artifacts = [_carry(store, staging, a) for a in carried.values()]
+            artifacts = [_carry(store, staging, a) for a in carried]
             for conv, opts, tools in plan:
                 t0 = time.monotonic()
+                # Several targets of one format (gguf:Q8_0 and gguf:Q4_K_M) share its directory; each
+                # artifact lists only the files its own converter wrote.
                 workdir = staging.path / conv.format
-                workdir.mkdir()
+                workdir.mkdir(exist_ok=True)
+                before = {p.relative_to(workdir).as_posix() for p in workdir.rglob("*") if p.is_file()}
                 request = ConversionRequest(
                     source=snapshot.record.source,
                     source_files=snapshot.file,
@@ -101,6 +105,8 @@ def convert(
                     progress=progress,
                     place=_placer(store, staging, conv.format, copy, trusted_before, progress),
                     artifacts={a.format: staging.path / a.path for a in artifacts},
+                    cache_dir=layout.caches_dir(store.root),
+                    name=name,
                 )
                 result = conv.convert(request)
                 if result.verification.status == "failed":
@@ -109,7 +115,7 @@ def convert(
                         f"{result.verification.detail or result.verification.method}",
                         hint="nothing was published; see the metrics with --json",
                     )
-                files = staging.ingest(conv.format, result.known_digests, progress)
+                files = staging.ingest(conv.format, result.known_digests, progress, skip=before)
                 artifacts.append(
                     Artifact(
                         format=conv.format,

@@ -150,10 +150,12 @@ class Staging:
         _rmtree(self.path)
         self.release()
 
-    def ingest(self, subdir: str, known: dict[str, str], progress: Progress) -> tuple[FileEntry, ...]:
-        """Turn every file under `subdir` into a link to its blob; return the file entries."""
+    def ingest(self, subdir: str, known: dict[str, str], progress: Progress,
+               skip: set[str] | frozenset[str] = frozenset()) -> tuple[FileEntry, ...]:
+        """Turn every file under `subdir` (but those in `skip`) into a link to its blob; return the entries."""
         root = self.path / subdir
-        files = sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink())
+        files = sorted(p for p in root.rglob("*")
+                       if (p.is_file() or p.is_symlink()) and p.relative_to(root).as_posix() not in skip)
         entries: list[FileEntry] = []
         todo = sum(p.stat().st_size for p in files if p.relative_to(root).as_posix() not in known)
         progress.start(f"hashing {subdir}", todo)

