@@ -73,7 +73,8 @@ def main() -> int:
         run("list", "tiny-llama")
         run("verify", "--all")
         run("pull", str(work / "src-v1"))  # an air-gapped mirror: a local directory, hashed the same way
-        run("show", "tiny-llama@production", "--json")
+        run("show", "tiny-llama@production")
+        run("mount-check", "tiny-llama", "--mount-root", "/models")  # paths inside a container mounting the store
     print("\ndemo complete: pull → convert → promote → resolve → rollback, all offline")
     return 0
 
