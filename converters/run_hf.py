@@ -6,12 +6,12 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from converters.runtime import Embedding, Generation
+from converters.runtime import Embedding, Generation, HFTokenizerSession
 from manifests import Artifact, Manifest
 from registry.errors import UsageError
 
 
-class HFSession:
+class HFSession(HFTokenizerSession):
     """A transformers model and its tokenizer."""
 
     runtime = "transformers"
@@ -35,17 +35,6 @@ class HFSession:
         self.model: Any = auto.from_pretrained(path, dtype=torch.float32).eval()
         info = manifest.model
         self.context_length = info.context_length if info else None
-
-    def count_tokens(self, text: str) -> int:
-        """Tokens of a text, with the special tokens the tokenizer adds."""
-        return len(self.tokenizer(text)["input_ids"])
-
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """Render with the tokenizer's chat template."""
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise UsageError("this model has no chat template", hint="use `prompt` instead of `messages` in the case")
-        text: str = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return text
 
     def generate(self, prompt: str, max_new_tokens: int) -> Generation:
         """Greedy generation."""

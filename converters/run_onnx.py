@@ -6,12 +6,12 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from converters.runtime import Embedding, Generation
+from converters.runtime import Embedding, Generation, HFTokenizerSession
 from manifests import Artifact, Manifest
 from registry.errors import UsageError
 
 
-class OnnxSession:
+class OnnxSession(HFTokenizerSession):
     """An exported model in ONNX Runtime; decoders generate by re-running the prefix (or with their KV cache)."""
 
     runtime = "onnxruntime"
@@ -37,17 +37,6 @@ class OnnxSession:
         self.with_past = any(n.startswith("past_key_values") for n in self.inputs)
         info = manifest.model
         self.context_length = info.context_length if info else None
-
-    def count_tokens(self, text: str) -> int:
-        """Tokens of a text, with the special tokens the tokenizer adds."""
-        return len(self.tokenizer(text)["input_ids"])
-
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """Render with the chat template shipped beside the model."""
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise UsageError("this model has no chat template", hint="use `prompt` instead of `messages` in the case")
-        text: str = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return text
 
     def _feeds(self, ids: list[int]) -> dict[str, Any]:
         np = self.np

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from manifests import Artifact, Manifest
 from registry.errors import UsageError
@@ -57,6 +57,23 @@ class Session(Protocol):
 
     def close(self) -> None:
         """Free the model."""
+
+
+class HFTokenizerSession:
+    """Token counting and chat rendering through a Hugging Face tokenizer (shared by the hf and onnx runners)."""
+
+    tokenizer: Any
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of a text, with the special tokens the tokenizer adds."""
+        return len(self.tokenizer(text)["input_ids"])
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """Render with the tokenizer's chat template."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise UsageError("this model has no chat template", hint="use `prompt` instead of `messages` in the case")
+        text: str = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return text
 
 
 _RUNNERS = {"hf": "converters.run_hf", "gguf": "converters.run_gguf", "onnx": "converters.run_onnx"}
