@@ -182,6 +182,8 @@ class PullRecord(_Record):
     source: SourceInfo
     skipped: tuple[str, ...] = ()
     pulled: Provenance
+    #: Local imports: each file's (size, mtime_ns) when it was hashed, so an unchanged directory is not re-read.
+    local_stat: dict[str, tuple[int, int]] = Field(default_factory=dict)
 
 
 class AliasRecord(_Record):

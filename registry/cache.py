@@ -444,6 +444,10 @@ def pull_local(cache: Path, directory: Path, *, include: Sequence[str] = (), exc
     cache.mkdir(parents=True, exist_ok=True)
     plan = plan_pull(repo, "0" * 40, files, include=include, exclude=exclude, allow_pickle=allow_pickle)
     plan = check_space(plan, cache)
+    stats = {f.path: _stat(directory / f.path) for f in plan.selected}
+    previous = _unchanged_import(cache, repo, stats)
+    if previous is not None:
+        return previous
     folder = cache / repo_folder(repo)
     blobs = folder / "blobs"
     blobs.mkdir(parents=True, exist_ok=True)
@@ -490,10 +494,32 @@ def pull_local(cache: Path, directory: Path, *, include: Sequence[str] = (), exc
                           files=tuple(hashed)),
         skipped=plan.skipped_pickle + plan.skipped_filter,
         pulled=provenance.now(),
+        local_stat=stats,
     )
     _write_record(cache, repo_folder(repo), commit, record)
     _write_ref(cache, repo, "main", commit)
     return Snapshot(cache, record, snap)
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def _unchanged_import(cache: Path, repo: str, stats: dict[str, tuple[int, int]]) -> Snapshot | None:
+    """The last import of this directory, when every file still has the size and mtime it was hashed with.
+
+    Like git's index: a file changed without changing its size within the same mtime tick would be
+    missed, so files modified within two seconds of the last import are always read again.
+    """
+    commit = cached_ref(cache, repo, "main")
+    hit = load_record(cache, repo, commit) if commit else None
+    if hit is None or hit.record.local_stat != stats:
+        return None
+    racy = hit.record.pulled.at.timestamp() - 2
+    if any(mtime_ns / 1e9 >= racy for _, mtime_ns in stats.values()):
+        return None
+    return hit
 
 
 def _slug(text: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,15 @@ def test_tiny_models_round_trip_through_hub_cache_and_store(mreg: Any, hub: Loca
     mount = Path(mreg("resolve", f"{kind}@production", "--json").json["path"])
     assert _tree(mount) == tree, "what an engine mounts is byte-identical to the repository"
     assert any(p.endswith(".safetensors") for p in tree) and "tokenizer.json" in tree
+
+
+def test_unchanged_local_directory_is_not_read_again(mreg: Any, model_dir: Path) -> None:
+    old = time.time() - 60
+    for p in model_dir.iterdir():
+        os.utime(p, (old, old))
+    first = mreg("pull", model_dir, "--json").json
+    again = mreg("pull", model_dir, "--json").json
+    assert first["from_cache"] is False and again["from_cache"] is True and again["commit"] == first["commit"]
+    (model_dir / "config.json").write_text('{"changed": 1}')
+    changed = mreg("pull", model_dir, "--json").json
+    assert changed["from_cache"] is False and changed["commit"] != first["commit"]
