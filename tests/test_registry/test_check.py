@@ -91,6 +91,8 @@ def test_baseline_catches_a_damaged_version_and_gates_promotion(mreg: Any, llama
          "max_new_tokens": 8},
         {"id": "fast", "prompt": "The quick brown fox", "max_new_tokens": 4, "expect": {"max_latency_ms": 60000}},
     ])
+    before = mreg("promote", "tiny@1", "--require", "check:smoke", "--json")
+    assert before.exit_code == 6 and "no check of golden set 'smoke'" in before.json["error"]["message"]
     r = mreg("check", "tiny@1", "--golden", golden, "--record-baseline", "--json")
     assert r.exit_code == 0, r.stderr
     rec = r.json
@@ -117,12 +119,14 @@ def test_context_limit_in_model_tokens(mreg: Any, llama_versions: Path, tmp_path
     golden = write_golden(tmp_path / "long.jsonl", [
         {"id": "long", "prompt": "word " * 300, "max_new_tokens": 4},
         {"id": "short", "prompt": "word", "max_new_tokens": 4, "expect": {"max_latency_ms": 0.001}},
+        {"id": "json", "prompt": "Answer in JSON:", "max_new_tokens": 4, "expect": {"json": {"type": "object"}}},
     ])
     r = mreg("check", "tiny@1", "--golden", golden, "--json")
     assert r.exit_code == 11
-    long, short = r.json["cases"]
+    long, short, as_json = r.json["cases"]
     assert long["prompt_tokens"] > 256 and "exceeds the model's context of 256 tokens" in long["failures"][0]
     assert short["failures"][0].startswith("latency")
+    assert as_json["failures"] == ["output is not JSON"], "a random tiny model does not answer in JSON"
 
 
 def test_keyword_hit_rate_over_the_set(mreg: Any, llama_versions: Path, tmp_path: Path) -> None:
