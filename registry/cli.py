@@ -241,6 +241,23 @@ def layout_name_ok(name: str) -> bool:
     return bool(layout.NAME_RE.match(name))
 
 
+def _with_tensorrt_flags(targets: list[tuple[str, dict[str, Any]]], backend: str | None, target: str | None,
+                         shapes: str | None, precision: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """Fold --backend/--target/--shapes/--precision into the spec of every `--to tensorrt` target."""
+    tokens = [t for t in (
+        f"backend={backend}" if backend else "",
+        "target=" + "+".join(x.strip() for x in target.split(",") if x.strip()) if target else "",
+        "shapes=" + ";".join(x.strip() for x in shapes.split(",") if x.strip()) if shapes else "",
+        f"precision={precision}" if precision else "") if t]
+    if not tokens:
+        return targets
+    if not any(fmt == "tensorrt" for fmt, _ in targets):
+        raise UsageError("--backend, --target, --shapes and --precision go with --to tensorrt",
+                         hint="add --to tensorrt, or drop those options")
+    return [(fmt, {"spec": ",".join(filter(None, [opts.get("spec", ""), *tokens]))} if fmt == "tensorrt" else opts)
+            for fmt, opts in targets]
+
+
 def _parse_target(text: str) -> tuple[str, dict[str, Any]]:
     fmt, _, spec = text.partition(":")
     return fmt, ({"spec": spec} if spec else {})
@@ -254,12 +271,17 @@ def _parse_target(text: str) -> tuple[str, dict[str, Any]]:
 @click.option("--name", help="Model name in the store (default for NAME@REF sources: the same model).")
 @click.option("--copy", is_flag=True,
               help="Copy files into the store instead of hard-linking them from the cache.")
+@click.option("--backend", type=click.Choice(["tensorrt-rtx", "tensorrt"]), help="TensorRT: the builder.")
+@click.option("--target", "trt_target", metavar="sm_86,sm_89", help="TensorRT: compute capabilities, one engine each.")
+@click.option("--shapes", metavar="NAME=MIN:OPT:MAX,...", help="TensorRT: profiles, e.g. input_ids=1x1:1x128:8x2048.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), help="TensorRT: engine precision.")
 @config_option
 @cache_option
 @store_option
 @pull_options
 @json_option
-def convert(source: str, targets: tuple[str, ...], name: str | None, copy: bool, config_path: str | None,
+def convert(source: str, targets: tuple[str, ...], name: str | None, copy: bool, backend: str | None,
+            trt_target: str | None, shapes: str | None, precision: str | None, config_path: str | None,
             cache_dir: str | None, store: str | None, include: tuple[str, ...], exclude: tuple[str, ...],
             allow_pickle: bool, offline: bool, endpoint: str | None, as_json: bool) -> None:
     """Convert a source (pulled into the cache first if needed) into a new, verified version.
@@ -293,8 +315,8 @@ def convert(source: str, targets: tuple[str, ...], name: str | None, copy: bool,
             raise UsageError("--name is required when converting a repository or directory",
                              hint="e.g. --name qwen2.5-7b")
         snap = _do_pull(cache, source, include, exclude, allow_pickle, offline, endpoint, as_json)
-    outcome = run_convert(st, snap, name, [_parse_target(t) for t in targets], copy=copy,
-                          progress=progress_for(as_json), parent=parent)
+    parsed = _with_tensorrt_flags([_parse_target(t) for t in targets], backend, trt_target, shapes, precision)
+    outcome = run_convert(st, snap, name, parsed, copy=copy, progress=progress_for(as_json), parent=parent)
     v = outcome.version
     doc = {
         "name": name, "version": v.number, "reused": outcome.reused, "path": v.path,

@@ -411,3 +411,14 @@ def test_ampere_plus_engines_fit_any_ampere_or_later_gpu() -> None:
                           plan_sha256="0" * 64, plan_bytes=1, build_s=1.0, timing_cache="cold")
     assert fits(record, Gpu("NVIDIA H100", "sm_90")) and not fits(record, Gpu("Tesla T4", "sm_75"))
     assert not fits(record.model_copy(update={"hardware_compatibility": "none"}), Gpu("NVIDIA H100", "sm_90"))
+
+
+def test_cli_flags_fold_into_the_spec(mreg: Any, store: Path) -> None:
+    r = mreg("convert", "tiny@1", "--to", "tensorrt", "--target", "sm_89,sm_86", "--precision", "fp32",
+             "--backend", "tensorrt-rtx", "--json")
+    assert r.exit_code == 0, r.stderr
+    arts = {a["format"]: a for a in mreg("show", f"tiny@{r.json['version']}", "--json").json["manifest"]["artifacts"]}
+    assert arts["tensorrt"]["options"]["targets"] == ["sm_86", "sm_89"]
+    assert mreg("convert", "tiny@1", "--to", "onnx", "--target", "sm_86").exit_code == 2
+    twice = mreg("convert", "tiny@1", "--to", "tensorrt:target=sm_86", "--target", "sm_89")
+    assert twice.exit_code == 2 and "twice" in twice.stderr
