@@ -7,14 +7,15 @@ returns what it found. The registry knows nothing format-specific.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from manifests import Format, GGUFRequirements, SourceInfo, TensorRTRequirements, Verification
-from registry.errors import UsageError
+from registry.errors import MregError, UsageError
 from registry.progress import Progress
 
 #: Place a source file into the artifact tree (hard link from the cache or verified copy); returns its sha256.
@@ -64,6 +65,29 @@ class Converter(Protocol):
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         """Write the artifact into `request.workdir` and verify it against the source."""
+
+
+class StageFailed(MregError):
+    """A converter's library failed in one stage (load, export, build, verification)."""
+
+    def __init__(self, tool: str, stage: str, error: BaseException) -> None:
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        super().__init__(f"{tool} {stage} failed: {type(error).__name__}: {first}",
+                         hint="MREG_DEBUG=1 shows the traceback; nothing was published")
+        self.stage = stage
+
+
+@contextlib.contextmanager
+def stage(progress: Progress, tool: str, name: str) -> Iterator[None]:
+    """Report a stage of a conversion; turn a library's exception into one line that names the stage."""
+    progress.start(name, None, unit="step")
+    try:
+        yield
+    except MregError:
+        raise
+    except Exception as e:
+        raise StageFailed(tool, name, e) from e
+    progress.done()
 
 
 _MODULES: dict[str, str] = {"hf": "converters.hf", "gguf": "converters.gguf", "onnx": "converters.onnx",

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from converters import ConversionRequest, ConversionResult
+from converters import ConversionRequest, ConversionResult, stage
 from manifests import Format
-from registry.errors import MregError, UsageError
+from registry.errors import UsageError
 from registry.progress import Progress
 
 #: Modules the conversion needs, and the distributions that provide each (ONNX Runtime comes in two builds).
@@ -47,14 +47,8 @@ _TOKENS: dict[str, tuple[str, Any]] = {
 GRAMMAR = "comma-separated: fp32|fp16, int8, optimize, with-past (e.g. --to onnx:fp16,with-past)"
 
 
-class ExportFailed(MregError):
-    """The model could not be loaded, traced or transformed."""
-
-    def __init__(self, stage: str, error: BaseException) -> None:
-        first = (str(error).strip().splitlines() or [""])[0][:300]
-        super().__init__(f"ONNX {stage} failed: {type(error).__name__}: {first}",
-                         hint="MREG_DEBUG=1 shows the traceback; nothing was published")
-        self.stage = stage
+def _stage(progress: Progress, name: str) -> contextlib.AbstractContextManager[None]:
+    return stage(progress, "ONNX", name)
 
 
 class MissingDependency(UsageError):
@@ -179,8 +173,8 @@ class ONNXConverter:
         with _stage(progress, "export"):
             ex.export(model, sig, outputs[0])
         del model  # the reference is computed: free the weights before ONNX Runtime loads its copy
-        for i, (stage, run) in enumerate(transforms):
-            with _stage(progress, stage):
+        for i, (step, run) in enumerate(transforms):
+            with _stage(progress, step):
                 run(outputs[i], outputs[i + 1])
         versions = self.tool_versions()
         with _stage(progress, "verification in ONNX Runtime"):
@@ -197,17 +191,6 @@ class ONNXConverter:
         return ConversionResult(verification=verification, known_digests=known, tool_versions=extra)
 
 
-@contextlib.contextmanager
-def _stage(progress: Progress, stage: str) -> Iterator[None]:
-    """Report a stage; turn a library's exception into one line that says which stage failed."""
-    progress.start(stage, None, unit="step")
-    try:
-        yield
-    except MregError:
-        raise
-    except Exception as e:
-        raise ExportFailed(stage, e) from e
-    progress.done()
 
 
 CONVERTER = ONNXConverter()

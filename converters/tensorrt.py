@@ -25,11 +25,10 @@ import contextlib
 import hashlib
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from converters import ConversionRequest, ConversionResult
+from converters import ConversionRequest, ConversionResult, stage
 from converters.tensorrt_binding import (
     PLAN_FILE,
     RECORD_FILE,
@@ -39,7 +38,8 @@ from converters.tensorrt_binding import (
     normalize_target,
 )
 from manifests import Format, TensorRTRequirements
-from registry.errors import MregError, UsageError
+from registry.digest import sha256_file
+from registry.errors import UsageError
 from registry.progress import Progress
 
 BACKENDS = ("tensorrt-rtx", "tensorrt")
@@ -182,7 +182,7 @@ class TensorRTConverter:
         config = tb.read_config(onnx_dir)
         graph = tb.describe(onnx_dir)
         profiles = tb.profiles_for(graph, config, opts["shapes"])
-        onnx_files = {n: _sha256(onnx_dir / n) for n in (tb.MODEL_FILE, tb.DATA_FILE) if (onnx_dir / n).is_file()}
+        onnx_files = {n: sha256_file(onnx_dir / n) for n in (tb.MODEL_FILE, tb.DATA_FILE) if (onnx_dir / n).is_file()}
         gpus = detect_gpus()
         built_on = gpus[0].name if gpus and backend == "tensorrt" else None
         engines: dict[str, str] = {}
@@ -237,25 +237,9 @@ class TensorRTConverter:
                                 tool_versions={"tensorrt.backend": backend, "tensorrt.version": trt_version})
 
 
-def _sha256(path: Path) -> str:
-    from converters.tensorrt_binding import file_sha256
 
-    return file_sha256(path)
-
-
-@contextlib.contextmanager
-def _stage(progress: Progress, stage: str) -> Iterator[None]:
-    """Report a stage; turn a library's exception into one line naming the stage."""
-    progress.start(stage, None, unit="step")
-    try:
-        yield
-    except MregError:
-        raise
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0][:300]
-        raise MregError(f"TensorRT {stage} failed: {type(e).__name__}: {first}",
-                        hint="MREG_DEBUG=1 shows the traceback; nothing was published") from e
-    progress.done()
+def _stage(progress: Progress, name: str) -> contextlib.AbstractContextManager[None]:
+    return stage(progress, "TensorRT", name)
 
 
 CONVERTER = TensorRTConverter()

@@ -12,7 +12,6 @@ Nothing here imports TensorRT: NVML (pynvml) is imported only when installed, el
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -25,6 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from manifests import Artifact, TensorRTRequirements
+from registry.digest import sha256_file
 from registry.errors import IntegrityError, NotFound, UsageError
 
 PLAN_FILE = "model.plan"
@@ -174,14 +174,6 @@ def engine_for(req: TensorRTRequirements, target: str) -> str | None:
     return None
 
 
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, streamed."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def check_plan(plan: Path, gpu: Gpu | None, expected_sha256: str | None = None) -> EngineRecord:
     """Refuse a plan whose record, digest or header says it will not load on `gpu`; return its record."""
@@ -195,7 +187,7 @@ def check_plan(plan: Path, gpu: Gpu | None, expected_sha256: str | None = None) 
     if head not in PLAN_MAGICS:
         raise EngineMismatch(f"{plan} does not start like a TensorRT plan (header {head.hex()})",
                              hint="the file is damaged or not a plan; rebuild it")
-    digest = file_sha256(plan)
+    digest = sha256_file(plan)
     problems = []
     if digest != record.plan_sha256:
         problems.append(f"its sha256 {digest[:12]} is not the recorded {record.plan_sha256[:12]}")

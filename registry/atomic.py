@@ -26,6 +26,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_file(path: Path) -> None:
+    """Make a file's data durable (works on a read-only file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_bytes(dest: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Atomically replace `dest` with `data`."""
     tmp = temp_name(dest)

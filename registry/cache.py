@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 
 from manifests import PullRecord, SourceFile, SourceInfo
 from registry import atomic, layout, provenance
-from registry.digest import hashes_file, sha256_file
+from registry.digest import file_chunks, hashes_file, sha256_file, write_hashed
 from registry.errors import (
     HubUnavailable,
     InsufficientSpace,
@@ -391,17 +391,10 @@ def _verify_one(plan: PullPlan, f: RemoteFile, snap_dir: Path, progress: Progres
             f"{plan.repo}@{plan.commit[:12]}: {f.path} is corrupt ({problem}); it was removed from the cache",
             hint="run the pull again; if it fails the same way, the copy on the hub is damaged",
         )
-    _fsync(blob)
+    atomic.fsync_file(blob)
     return SourceFile(path=f.path, size=size, sha256=sha256, lfs=f.lfs_sha256 is not None,
                       git_blob_id=f.blob_id if f.lfs_sha256 is None else None)
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_record(cache: Path, folder: str, commit: str, record: PullRecord) -> None:
@@ -455,16 +448,8 @@ def pull_local(cache: Path, directory: Path, *, include: Sequence[str] = (), exc
     hashed: list[SourceFile] = []
     for f in plan.selected:
         tmp = atomic.temp_name(blobs / "import")
-        h = hashlib.sha256()
         try:
-            with open(directory / f.path, "rb") as fi, open(tmp, "xb") as fo:
-                while chunk := fi.read(4 << 20):
-                    h.update(chunk)
-                    fo.write(chunk)
-                    progress.advance(len(chunk))
-                fo.flush()
-                os.fsync(fo.fileno())
-            digest = h.hexdigest()
+            digest = write_hashed(tmp, file_chunks(directory / f.path), progress.advance)
             os.chmod(tmp, 0o444)
             os.replace(tmp, blobs / digest)
         except OSError as e:

@@ -12,6 +12,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+import os
 import platform
 import re
 import statistics
@@ -213,8 +214,6 @@ def _hardware() -> str:
                 break
     except OSError:
         pass
-    import os
-
     return f"{cpu} x{os.cpu_count()}"
 
 

@@ -226,19 +226,12 @@ def _how(snap: Any) -> str:
 def _version_source(st: Any, source: str) -> Any:
     """The version a convert SOURCE names, when it is `NAME@REF` of a model in the store."""
     from registry.cache import local_source
-    from registry.refs import parse_ref
+    from registry.refs import is_name, parse_ref
 
     head = source.split("@", 1)[0]
-    if "/" in head or local_source(source) is not None or not layout_name_ok(head) or not st.has_model(head):
+    if "/" in head or local_source(source) is not None or not is_name(head) or not st.has_model(head):
         return None
     return st.resolve(parse_ref(source))
-
-
-def layout_name_ok(name: str) -> bool:
-    """Whether a string can be a model name."""
-    from registry import layout
-
-    return bool(layout.NAME_RE.match(name))
 
 
 def _with_tensorrt_flags(targets: list[tuple[str, dict[str, Any]]], backend: str | None, target: str | None,

@@ -66,10 +66,9 @@ def promote(ref: str, alias: str, expect: str | None, message: str | None, requi
     settings = settings_for(config_path, store=store)
     st = any_store(settings)
     r = parse_ref(ref)
-    hooks = promotion_hooks.merge(promotion_hooks.from_config(settings.raw, r.name), reload_cmd=reload_cmd,
-                                  reload_url=reload_url, ready_url=ready_url, ready_cmd=ready_cmd,
-                                  ready_timeout_s=ready_timeout)
-    configured = settings.raw.get("models", {}).get(r.name, {}).get("require", [])
+    configured_hooks, configured = promotion_hooks.model_policy(settings.raw, r.name)
+    hooks = promotion_hooks.merge(configured_hooks, reload_cmd=reload_cmd, reload_url=reload_url,
+                                  ready_url=ready_url, ready_cmd=ready_cmd, ready_timeout_s=ready_timeout)
     done = promotion_hooks.promote_with_hooks(st, r.name, st.resolve(r), hooks, alias=alias,
                                               expect=parse_expect(expect), reason=message, force=force,
                                               require=(*configured, *require))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -26,6 +27,27 @@ def hashes_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> tu
     with open(path, "rb") as f:
         _feed(f, (sha, git), on_bytes)
     return sha.hexdigest(), git.hexdigest()
+
+
+def file_chunks(path: Path) -> Iterator[bytes]:
+    """A file's bytes in large chunks."""
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            yield chunk
+
+
+def write_hashed(dest: Path, chunks: Iterable[bytes], on_bytes: Callable[[int], None] | None = None) -> str:
+    """Write chunks to a new file (never an existing one), fsync it, and return the sha256 of what was written."""
+    h = hashlib.sha256()
+    with open(dest, "xb") as f:
+        for chunk in chunks:
+            h.update(chunk)
+            f.write(chunk)
+            if on_bytes is not None:
+                on_bytes(len(chunk))
+        f.flush()
+        os.fsync(f.fileno())
+    return h.hexdigest()
 
 
 def git_blob_sha1(data: bytes) -> str:

@@ -35,9 +35,9 @@ class Hooks:
         return any((self.reload_cmd, self.reload_url, self.ready_url, self.ready_cmd))
 
 
-def from_config(raw: dict[str, Any], name: str) -> Hooks:
-    """Hooks set for one model in the config file (`[models.NAME]`: reload, reload_url, ready_url, ready_cmd,
-    ready_timeout)."""
+def model_policy(raw: dict[str, Any], name: str) -> tuple[Hooks, tuple[str, ...]]:
+    """What the config file's `[models.NAME]` table asks of promotions: hooks (reload, reload_url, ready_url,
+    ready_cmd, ready_timeout) and requirements (`require = ["hf", "check:smoke"]`)."""
     table = raw.get("models", {}).get(name, {})
     if not isinstance(table, dict):
         raise UsageError(f"[models.{name}] in the config file is not a table", hint="see the README's config section")
@@ -46,8 +46,12 @@ def from_config(raw: dict[str, Any], name: str) -> Hooks:
     if unknown:
         raise UsageError(f"unknown keys in [models.{name}]: {', '.join(sorted(unknown))}",
                          hint=f"known keys: {', '.join(sorted(known))}")
-    return Hooks(reload_cmd=table.get("reload"), reload_url=table.get("reload_url"), ready_url=table.get("ready_url"),
-                 ready_cmd=table.get("ready_cmd"), ready_timeout_s=float(table.get("ready_timeout", 60.0)))
+    require = table.get("require", [])
+    if isinstance(require, str) or not all(isinstance(r, str) for r in require):
+        raise UsageError(f"[models.{name}] require must be a list of strings", hint='e.g. require = ["check:smoke"]')
+    hooks = Hooks(reload_cmd=table.get("reload"), reload_url=table.get("reload_url"), ready_url=table.get("ready_url"),
+                  ready_cmd=table.get("ready_cmd"), ready_timeout_s=float(table.get("ready_timeout", 60.0)))
+    return hooks, tuple(require)
 
 
 def merge(base: Hooks, **flags: Any) -> Hooks:

@@ -45,9 +45,14 @@ def parse_ref(text: str, default: str = LATEST) -> Ref:
     return Ref(name, ref)
 
 
+def is_name(text: str) -> bool:
+    """Whether a string can be a model name."""
+    return bool(layout.NAME_RE.match(text))
+
+
 def check_name(name: str) -> str:
     """A model name must be one safe path segment."""
-    if not layout.NAME_RE.match(name):
+    if not is_name(name):
         raise UsageError(
             f"bad model name {name!r}",
             hint="use letters, digits, '.', '_' and '-' (at most 128, starting with a letter or digit)",

@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from manifests import HistoryEntry, Manifest
 from registry import layout, provenance
+from registry.digest import write_hashed
 from registry.errors import Conflict, IntegrityError, NotFound
 from registry.progress import NoProgress, Progress
-from registry.s3store import LEASE_TTL_S, PreconditionFailed, S3Store
+from registry.s3store import LEASE_TTL_S, PreconditionFailed, S3Store, wrap_error
 from registry.store import LocalStore, Version
 from registry.verify import VerifyReport
 
@@ -76,27 +77,24 @@ def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Prog
 
 
 def _upload_blob(local: LocalStore, remote: S3Store, digest: str, advance: Callable[[int], None]) -> None:
-    import base64
-
+    from boto3.exceptions import S3UploadFailedError
     from boto3.s3.transfer import TransferConfig
 
     path = layout.blob_path(local.root, digest)
     size = path.stat().st_size
     key = remote.blob_key(digest)
     if size < MULTIPART_THRESHOLD:
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise IntegrityError(f"local blob {digest[:12]}… does not match its name",
-                                 hint=f"run `mreg verify --all --store {local.location}`")
-        # The server recomputes the SHA-256 of the body and refuses a mismatch (BadDigest).
-        remote.s3.put_object(Bucket=remote.bucket, Key=key, Body=data,
-                             ChecksumSHA256=base64.b64encode(bytes.fromhex(digest)).decode())
+        # The blob's name is its digest: the server checks the body against it (BadDigest on a damaged file).
+        remote.put(key, path.read_bytes(), sha256=digest)
         advance(size)
         return
     config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=PART_SIZE,
                             max_concurrency=4)
-    remote.s3.upload_file(str(path), remote.bucket, key, Config=config, Callback=advance,
-                          ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": {"sha256": digest}})
+    try:
+        remote.s3.upload_file(str(path), remote.bucket, key, Config=config, Callback=advance,
+                              ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": {"sha256": digest}})
+    except (ClientError, BotoCoreError, S3UploadFailedError) as e:
+        raise wrap_error(e, f"uploading s3://{remote.bucket}/{key}") from e
 
 
 @dataclass(frozen=True)
@@ -179,19 +177,19 @@ def _materialize(remote: S3Store, local: LocalStore, manifest: Manifest, raw: by
 
 
 def _download_verified(remote: S3Store, digest: str, dest: Path, progress: Progress, lock: threading.Lock) -> None:
-    h = hashlib.sha256()
-    r = remote.s3.get_object(Bucket=remote.bucket, Key=remote.blob_key(digest))
-    with open(dest, "xb") as f:
-        for chunk in r["Body"].iter_chunks(1 << 20):
-            h.update(chunk)
-            f.write(chunk)
-            with lock:
-                progress.advance(len(chunk))
-        f.flush()
-        os.fsync(f.fileno())
-    if h.hexdigest() != digest:
+    try:
+        r = remote.s3.get_object(Bucket=remote.bucket, Key=remote.blob_key(digest))
+    except (ClientError, BotoCoreError) as e:
+        raise wrap_error(e, f"downloading blob {digest[:12]}… from {remote.location}") from e
+
+    def advance(n: int) -> None:
+        with lock:
+            progress.advance(n)
+
+    actual = write_hashed(dest, r["Body"].iter_chunks(1 << 20), advance)
+    if actual != digest:
         raise IntegrityError(
-            f"{remote.location}: blob {digest[:12]}… is corrupt (its content hashes to {h.hexdigest()[:12]}…); "
+            f"{remote.location}: blob {digest[:12]}… is corrupt (its content hashes to {actual[:12]}…); "
             "nothing was published locally",
             hint=f"re-push the version from a good copy, or run `mreg verify --store {remote.location}`",
         )

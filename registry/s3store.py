@@ -105,7 +105,7 @@ class S3Store:
         except (ClientError, BotoCoreError) as e:
             if _code(e) in ("NoSuchKey", "404", "NotFound"):
                 return None
-            raise _wrap(e, f"reading s3://{self.bucket}/{key}") from e
+            raise wrap_error(e, f"reading s3://{self.bucket}/{key}") from e
         return RemoteObject(r["Body"].read(), r["ETag"])
 
     def exists(self, key: str) -> bool:
@@ -116,12 +116,15 @@ class S3Store:
         except (ClientError, BotoCoreError) as e:
             if _code(e) in ("404", "NoSuchKey", "NotFound"):
                 return False
-            raise _wrap(e, f"checking s3://{self.bucket}/{key}") from e
+            raise wrap_error(e, f"checking s3://{self.bucket}/{key}") from e
 
-    def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
-        """Write an object (optionally create-only or compare-and-swap) with a verified SHA-256; returns the ETag."""
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None,
+            sha256: str | None = None) -> str:
+        """Write an object (optionally create-only or compare-and-swap); the server checks its SHA-256 (the one
+        given, e.g. a blob's name, else the body's own) and refuses a mismatch. Returns the ETag."""
+        digest = bytes.fromhex(sha256) if sha256 else hashlib.sha256(data).digest()
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Body": data,
-                                  "ChecksumSHA256": base64.b64encode(hashlib.sha256(data).digest()).decode()}
+                                  "ChecksumSHA256": base64.b64encode(digest).decode()}
         if if_none_match:
             kwargs["IfNoneMatch"] = "*"
         if if_match is not None:
@@ -132,14 +135,14 @@ class S3Store:
         except (ClientError, BotoCoreError) as e:
             if _code(e) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
                 raise PreconditionFailed(key) from e
-            raise _wrap(e, f"writing s3://{self.bucket}/{key}") from e
+            raise wrap_error(e, f"writing s3://{self.bucket}/{key}") from e
 
     def delete(self, key: str) -> None:
         """Delete an object (absent is fine)."""
         try:
             self.s3.delete_object(Bucket=self.bucket, Key=key)
         except (ClientError, BotoCoreError) as e:
-            raise _wrap(e, f"deleting s3://{self.bucket}/{key}") from e
+            raise wrap_error(e, f"deleting s3://{self.bucket}/{key}") from e
 
     def list_objects(self, prefix: str, *, delimiter: str | None = None) -> Iterator[dict[str, Any]]:
         """Objects (or common prefixes, with a delimiter) under a prefix, across pages."""
@@ -153,7 +156,7 @@ class S3Store:
                 else:
                     yield from page.get("Contents", [])
         except (ClientError, BotoCoreError) as e:
-            raise _wrap(e, f"listing s3://{self.bucket}/{prefix}") from e
+            raise wrap_error(e, f"listing s3://{self.bucket}/{prefix}") from e
 
     # -- the Store protocol --------------------------------------------------------------
 
@@ -321,8 +324,12 @@ def _code(e: BaseException) -> str:
     return ""
 
 
-def _wrap(e: BaseException, doing: str) -> Exception:
+def wrap_error(e: BaseException, doing: str) -> Exception:
+    """The MregError for a boto3/botocore failure."""
     code = _code(e)
+    if code in ("BadDigest", "XAmzContentSHA256Mismatch", "InvalidDigest"):
+        return IntegrityError(f"{doing}: the server computed a different SHA-256 than the one sent ({code})",
+                              hint="the local file does not match its digest: run `mreg verify --all`")
     if code in ("NoSuchBucket",):
         return NotFound(f"{doing}: the bucket does not exist", hint="create it, or check --store")
     if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):

@@ -28,9 +28,9 @@ from typing import Protocol
 
 from manifests import FileEntry, HistoryEntry, Manifest
 from registry import atomic, layout
-from registry.digest import CHUNK
+from registry.digest import file_chunks, sha256_file, write_hashed
 from registry.errors import Conflict, IntegrityError, ModelNotFound, UsageError, VersionNotFound
-from registry.progress import NoProgress, Progress
+from registry.progress import Progress
 from registry.refs import LATEST, Ref
 
 
@@ -166,7 +166,7 @@ class Staging:
                                  hint="this is a bug in the converter")
             digest = known.get(rel)
             if digest is None:
-                digest = _sha256_with_progress(p, progress)
+                digest = sha256_file(p, progress.advance)
             self.store.link_blob(p, digest, verify=False)
             entries.append(FileEntry(path=rel, size=p.stat().st_size, sha256=digest))
         progress.done()
@@ -364,11 +364,11 @@ class LocalStore:
         dest = layout.blob_path(self.root, sha256)
         dest.parent.mkdir(parents=True, exist_ok=True)
         if verify:
-            actual = _sha256_with_progress(src, NoProgress())
+            actual = sha256_file(src)
             if actual != sha256:
                 raise IntegrityError(f"{src.name}: sha256 {actual[:12]}… does not match {sha256[:12]}…")
         if not dest.exists():
-            _fsync_file(src)
+            atomic.fsync_file(src)
             os.chmod(src, 0o444)
             try:
                 os.link(src, dest)
@@ -389,19 +389,11 @@ class LocalStore:
     def add_blob_copy(self, src: Path, dest_in_stage: Path, expected_sha256: str | None, progress: Progress) -> str:
         """Copy `src` into the staging tree while hashing it; checks the digest when one is expected."""
         dest_in_stage.parent.mkdir(parents=True, exist_ok=True)
-        h = hashlib.sha256()
         try:
-            with open(src, "rb") as fi, open(dest_in_stage, "xb") as fo:
-                while chunk := fi.read(CHUNK):
-                    h.update(chunk)
-                    fo.write(chunk)
-                    progress.advance(len(chunk))
-                fo.flush()
-                os.fsync(fo.fileno())
+            digest = write_hashed(dest_in_stage, file_chunks(src), progress.advance)
         except OSError as e:
             atomic.raise_if_full(e, dest_in_stage.parent)
             raise
-        digest = h.hexdigest()
         if expected_sha256 is not None and digest != expected_sha256:
             dest_in_stage.unlink()
             raise IntegrityError(
@@ -467,23 +459,11 @@ class LocalStore:
                         yield p.name, p
 
 
-def _sha256_with_progress(path: Path, progress: Progress) -> str:
-    from registry.digest import sha256_file
-
-    return sha256_file(path, progress.advance)
-
 
 def _same_file(a: Path, b: Path) -> bool:
     sa, sb = a.stat(), b.stat()
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fsync_tree_dirs(root: Path) -> None:

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import workers
 
@@ -125,7 +124,3 @@ def test_sigkill_during_publish_never_leaves_a_partial_version(tmp_path: Path, c
     execute_gc(store, plan_gc(store, keep_latest=100))
     assert not [p for p in store.tmp.iterdir()], "gc cleared every interrupted staging tree"
     _check_store(store, "big")
-
-
-def _unused(*_: Any) -> None:
-    return None

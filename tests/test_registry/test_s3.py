@@ -326,3 +326,15 @@ def test_repush_after_a_crash_between_manifest_and_index(mreg: Any, model_dir: P
     again = mreg("push", "m@1", remote_url, "--json").json
     assert again["reused"] is True and again["remote_version"] == first["remote_version"] == 1
     assert store.versions("m") == [1] and store.exists(store.key("models", "m", "keys", f"{key}.json"))
+
+
+def test_push_of_a_damaged_local_blob_is_refused_by_the_server(mreg: Any, model_dir: Path, remote_url: str,
+                                                              store_root: Path) -> None:
+    _versions(mreg, model_dir, "m", 1)
+    weights = store_root / "models/m/versions/1/hf/model.safetensors"
+    os.chmod(weights, 0o644)
+    with open(weights, "r+b") as f:
+        f.write(b"damaged")
+    r = mreg("push", "m@1", remote_url, "--json")
+    assert r.exit_code == 4 and "different SHA-256" in r.json["error"]["message"]
+    assert S3Store(remote_url).versions("m") == [], "nothing was published remotely"
