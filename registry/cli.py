@@ -284,8 +284,12 @@ def convert(source: str, targets: tuple[str, ...], name: str | None, copy: bool,
     same conversion (same source bytes, converters, options, tool versions) run again returns
     the existing version without new work.
     """
+    from registry.convert import check_targets
     from registry.convert import convert as run_convert
 
+    # Bad targets or options are refused before any download.
+    parsed = _with_tensorrt_flags([_parse_target(t) for t in targets], backend, trt_target, shapes, precision)
+    check_targets(parsed)
     settings = settings_for(config_path, cache_dir, store)
     st = local_store(settings)
     cache = settings.require_cache()
@@ -308,7 +312,6 @@ def convert(source: str, targets: tuple[str, ...], name: str | None, copy: bool,
             raise UsageError("--name is required when converting a repository or directory",
                              hint="e.g. --name qwen2.5-7b")
         snap = _do_pull(cache, source, include, exclude, allow_pickle, offline, endpoint, as_json)
-    parsed = _with_tensorrt_flags([_parse_target(t) for t in targets], backend, trt_target, shapes, precision)
     outcome = run_convert(st, snap, name, parsed, copy=copy, progress=progress_for(as_json), parent=parent)
     v = outcome.version
     doc = {

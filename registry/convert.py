@@ -45,6 +45,12 @@ def conversion_key(source: SourceInfo, targets: Sequence[tuple[str, str, str, di
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def check_targets(targets: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """Refuse unknown formats and bad options (cheap: no heavy import), before anything is downloaded."""
+    for fmt, raw in targets:
+        converters.get(fmt).options(raw)
+
+
 def convert(
     store: LocalStore,
     snapshot: Snapshot,
