@@ -6,9 +6,13 @@
     int8             ONNX Runtime dynamic quantization of MatMul weights (from fp32; not with fp16)
     optimize         ONNX Runtime offline graph optimization (extended level, for the CPU provider)
     with-past        decoders: past key/value inputs and present outputs, to generate with a KV cache
+    dynamo | torchscript
+                     the exporter (dynamo when absent): dynamo proves the graph for every shape in its
+                     dynamic range; torchscript is about 4x faster but traces the example's branches,
+                     so only the verification below vouches for other shapes
 
 e.g. `--to onnx`, `--to onnx:fp16,with-past`, `--to onnx:int8,optimize`. The normalized options
-(`{"dtype", "quantize", "optimize", "with_past"}`) are part of the conversion key and recorded.
+(`{"dtype", "quantize", "optimize", "with_past", "exporter"}`) are part of the conversion key and recorded.
 The tree is `model.onnx` + `model.onnx.data` (weights, always external), plus the source's config
 and tokenizer files, hard-linked, so that ONNX Runtime, Optimum and Triton load it as it is.
 torch, transformers, onnx and onnxruntime are imported only when a conversion runs: `mreg[onnx]`.
@@ -43,8 +47,10 @@ _TOKENS: dict[str, tuple[str, Any]] = {
     "int8": ("quantize", "int8"),
     "optimize": ("optimize", True),
     "with-past": ("with_past", True),
+    "dynamo": ("exporter", "dynamo"),
+    "torchscript": ("exporter", "torchscript"),
 }
-GRAMMAR = "comma-separated: fp32|fp16, int8, optimize, with-past (e.g. --to onnx:fp16,with-past)"
+GRAMMAR = "comma-separated: fp32|fp16, int8, optimize, with-past, dynamo|torchscript (e.g. --to onnx:fp16,with-past)"
 
 
 def _stage(progress: Progress, name: str) -> contextlib.AbstractContextManager[None]:
@@ -62,7 +68,8 @@ class MissingDependency(UsageError):
 
 def parse_spec(spec: str) -> dict[str, Any]:
     """`"fp16,with-past"` -> the normalized options; unknown, repeated or contradictory tokens are refused."""
-    options: dict[str, Any] = {"dtype": "fp32", "quantize": None, "optimize": False, "with_past": False}
+    options: dict[str, Any] = {"dtype": "fp32", "quantize": None, "optimize": False, "with_past": False,
+                               "exporter": "dynamo"}
     seen: set[str] = set()
     for raw in spec.split(","):
         token = raw.strip().lower()
@@ -100,11 +107,12 @@ def _require() -> None:
 
 
 class ONNXConverter:
-    """Exports with torch.onnx (dynamo), applies fp16 / int8 / optimization, verifies in ONNX Runtime."""
+    """Exports with torch.onnx (dynamo, or TorchScript on request), transforms, verifies in ONNX Runtime."""
 
     format: ClassVar[Format] = "onnx"
     name: ClassVar[str] = "mreg.onnx"
-    version: ClassVar[str] = "1"
+    #: 2: the dynamo graph is cleaned by mreg's pass list instead of onnxscript's rewriter; `exporter` option.
+    version: ClassVar[str] = "2"
 
     def options(self, raw: dict[str, Any]) -> dict[str, Any]:
         """`{"spec": "fp16,with-past"}` -> `{"dtype": "fp16", "quantize": None, "optimize": False, ...}`."""
@@ -171,7 +179,7 @@ class ONNXConverter:
             transforms.append(("optimization", lambda src, dest: ex.optimize(src, dest, PROVIDER)))
         outputs = [tmp / str(i) for i in range(len(transforms))] + [request.workdir]
         with _stage(progress, "export"):
-            ex.export(model, sig, outputs[0])
+            ex.export(model, sig, outputs[0], opts["exporter"])
         del model  # the reference is computed: free the weights before ONNX Runtime loads its copy
         for i, (step, run) in enumerate(transforms):
             with _stage(progress, step):

@@ -244,10 +244,17 @@ def bench_s3(work: Path, results: dict[str, Any]) -> None:
 _PLAIN_EXPORT = """
 import sys
 from pathlib import Path
+import torch
 from converters import onnx_export as ex
 src, task, past, dest = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", Path(sys.argv[4])
 model, tok = ex.load(src, task)
-ex.export(model, ex.signature(model, tok, task, past), dest)
+sig = ex.signature(model, tok, task, past)
+args, dynamic = ex._example(sig)
+with torch.no_grad():
+    program = torch.onnx.export(ex._wrapper(model, sig), args, dynamo=True, input_names=list(sig.inputs),
+                                output_names=list(sig.outputs), dynamic_shapes=dynamic)
+dest.mkdir(parents=True, exist_ok=True)
+program.save(str(dest / "model.onnx"), external_data=True)
 """
 
 
@@ -301,20 +308,24 @@ def bench_onnx(work: Path, results: dict[str, Any]) -> None:
                              intermediate_size=2560, vocab_size=8192)
     models["llama-100m"] = (llama, "with-past", "text-generation", "text-generation-with-past")
     optimum, reference = _optimum_cli(work)
-    out: dict[str, Any] = {"reference": reference, "plain": "torch.onnx.export(dynamo=True) + save, no verification"}
+    out: dict[str, Any] = {"reference": reference,
+                           "plain": "torch.onnx.export(dynamo=True) with its defaults + save, no verification"}
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     for label, (src, spec, task, optimum_task) in models.items():
         store, cache = work / "onnx-store", work / "onnx-cache"
         subprocess.run([str(BIN / "mreg"), "pull", str(src), "--cache-dir", str(cache)], check=True,
                        capture_output=True)  # the source is cached first: the figure is export + verify + publish
-        row: dict[str, Any] = {"mreg_convert": _measured(
-            [BIN / "mreg", "convert", src, "--to", "onnx" + (f":{spec}" if spec else ""), "--name", label,
-             "--store", store, "--cache-dir", cache])}
-        manifest = json.loads((store / "models" / label / "versions" / "1" / "manifest.json").read_text())
-        verification = manifest["artifacts"][0]["verification"]
-        row["mreg_verification"] = {"status": verification["status"], "inputs": len(verification["inputs"]),
-                                    **{k: v for k, v in verification["metrics"].items()
-                                       if k.startswith(("logits", "last_hidden_state", "generation"))}}
+        row: dict[str, Any] = {}
+        for version, exporter in enumerate(("dynamo", "torchscript"), 1):
+            row[f"mreg_convert_{exporter}"] = _measured(
+                [BIN / "mreg", "convert", src, "--to", f"onnx:{exporter}" + (f",{spec}" if spec else ""),
+                 "--name", label, "--store", store, "--cache-dir", cache])
+            manifest = json.loads((store / "models" / label / "versions" / str(version) / "manifest.json").read_text())
+            verification = manifest["artifacts"][0]["verification"]
+            row[f"mreg_verification_{exporter}"] = {
+                "status": verification["status"], "inputs": len(verification["inputs"]),
+                **{k: v for k, v in verification["metrics"].items()
+                   if k.startswith(("logits", "last_hidden_state", "generation"))}}
         row["plain_export"] = _measured([sys.executable, "-c", _PLAIN_EXPORT, src, task, "1" if spec else "0",
                                          work / f"plain-{label}"], env=env)
         if optimum is not None:

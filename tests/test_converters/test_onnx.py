@@ -34,12 +34,17 @@ needs_onnx = pytest.mark.skipif(not _have_heavy(), reason="needs mreg[onnx] (tor
 # --------------------------------------------------------------------------- spec grammar, no heavy imports
 
 
+def _opts(**changes: Any) -> dict[str, Any]:
+    return {"dtype": "fp32", "quantize": None, "optimize": False, "with_past": False, "exporter": "dynamo", **changes}
+
+
 @pytest.mark.parametrize(("spec", "expected"), [
-    ("", {"dtype": "fp32", "quantize": None, "optimize": False, "with_past": False}),
-    ("fp16", {"dtype": "fp16", "quantize": None, "optimize": False, "with_past": False}),
-    ("with-past, FP16", {"dtype": "fp16", "quantize": None, "optimize": False, "with_past": True}),
-    ("int8,optimize", {"dtype": "fp32", "quantize": "int8", "optimize": True, "with_past": False}),
-    ("fp32,optimize,with-past", {"dtype": "fp32", "quantize": None, "optimize": True, "with_past": True}),
+    ("", _opts()),
+    ("fp16", _opts(dtype="fp16")),
+    ("with-past, FP16", _opts(dtype="fp16", with_past=True)),
+    ("int8,optimize", _opts(quantize="int8", optimize=True)),
+    ("fp32,optimize,with-past", _opts(optimize=True, with_past=True)),
+    ("torchscript,with-past", _opts(with_past=True, exporter="torchscript")),
 ])
 def test_spec_normalizes(spec: str, expected: dict[str, Any]) -> None:
     assert parse_spec(spec) == expected
@@ -55,6 +60,7 @@ def test_spec_order_does_not_change_the_options() -> None:
     ("fp16,fp32", "sets dtype twice"),
     ("fp16,int8", "cannot be combined with fp16"),
     ("optimize,optimize", "sets optimize twice"),
+    ("dynamo,torchscript", "sets exporter twice"),
 ])
 def test_spec_refusals_name_the_grammar(spec: str, message: str) -> None:
     with pytest.raises(UsageError, match=message) as info:
@@ -140,7 +146,7 @@ def test_encoder_exports_verifies_and_is_reused(mreg: Any, bert: Path, store_roo
     art, tree = artifact(store_root, "m", doc["version"])
     paths = {f["path"] for f in art["files"]}
     assert {"model.onnx", "model.onnx.data", "config.json", "tokenizer.json", "vocab.txt"} <= paths
-    assert art["options"] == {"dtype": "fp32", "quantize": None, "optimize": False, "with_past": False}
+    assert art["options"] == _opts()
     tools = art["tool_versions"]
     assert {"torch", "transformers", "onnx", "onnxruntime", "onnxscript"} <= set(tools)
     assert tools["onnxruntime.provider"] == "CPUExecutionProvider"
@@ -186,7 +192,7 @@ def test_int8_with_offline_optimization(mreg: Any, bert: Path, store_root: Path)
 
     doc = convert(mreg, bert, "optimize,int8")
     art, tree = artifact(store_root, "m", doc["version"])
-    assert art["options"] == {"dtype": "fp32", "quantize": "int8", "optimize": True, "with_past": False}
+    assert art["options"] == _opts(quantize="int8", optimize=True)
     v = art["verification"]
     assert v["status"] == "passed" and "int8 thresholds" in v["method"]
     assert v["tolerance"]["last_hidden_state.mean_cosine"] == 0.98
@@ -206,8 +212,8 @@ def _tamper(monkeypatch: pytest.MonkeyPatch, how: Callable[[Any], None]) -> None
 
     real = onnx_export.export
 
-    def tampered(model: Any, sig: Any, dest: Path) -> None:
-        real(model, sig, dest)
+    def tampered(model: Any, sig: Any, dest: Path, exporter: Any) -> None:
+        real(model, sig, dest, exporter)
         proto = onnx_export.load_proto(dest)
         inits = {t.name: t for t in proto.graph.initializer}
         weights = {i: numpy_helper.to_array(inits[i]) for n in proto.graph.node if n.op_type == "MatMul"

@@ -117,3 +117,15 @@ def test_with_past_is_refused_for_an_encoder(mreg: Any, tmp_path: Path) -> None:
 
     r = mreg("convert", build_tiny_bert(tmp_path / "b"), "--to", "onnx:with-past", "--name", "m", "--json")
     assert r.exit_code == 2 and "decoder LLMs only" in r.json["error"]["message"]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_torchscript_exporter_is_verified_like_dynamo(kind: str, mreg: Any, store_root: Path,
+                                                      tiny_model: Callable[..., Path]) -> None:
+    """The traced graph must generate like transformers from the published tree, one token at a time."""
+    doc = convert(mreg, tiny_model(kind), "with-past,torchscript")
+    art, tree = artifact(store_root, "m", doc["version"])
+    v = art["verification"]
+    assert art["options"]["exporter"] == "torchscript" and v["status"] == "passed"
+    assert v["metrics"]["generation.tokens_equal"] == 1.0 and v["metrics"]["logits.max_abs_diff"] <= 1e-4
+    _decode_from_the_published_tree(tree, kind)

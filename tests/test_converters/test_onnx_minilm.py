@@ -67,3 +67,12 @@ def test_minilm_real_weights(mreg: Any, store_root: Path) -> None:
     qdata = next(f for f in qart["files"] if f["path"] == "model.onnx.data")
     # MatMul weights shrink to a quarter; the 30522 x 384 embedding table (a Gather) stays float32.
     assert qdata["size"] < 0.7 * data["size"]
+
+    t = mreg("convert", src, "--to", "onnx:torchscript", "--name", "minilm", "--json")
+    assert t.exit_code == 0, t.stderr + t.stdout
+    tdir = vdir.parent / str(t.json["version"])
+    (tart,) = json.loads((tdir / "manifest.json").read_text())["artifacts"]
+    assert tart["options"]["exporter"] == "torchscript" and tart["verification"]["status"] == "passed"
+    traced = _embed(tdir / "onnx", ["A man is eating food.", "A man is eating a piece of bread.",
+                                    "The new movie is awesome."])
+    assert abs(traced - emb).max() < 1e-5, "both exporters' graphs embed alike"
