@@ -66,6 +66,9 @@ class Converter(Protocol):
     def convert(self, request: ConversionRequest) -> ConversionResult:
         """Write the artifact into `request.workdir` and verify it against the source."""
 
+    # Optional: `convert_many(requests) -> list[ConversionResult]` makes several targets of the format
+    # (same source, same workdir) in one pass; each result's known_digests names every file it wrote.
+
 
 class StageFailed(MregError):
     """A converter's library failed in one stage (load, export, build, verification)."""

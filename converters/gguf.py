@@ -9,12 +9,13 @@ when llama-cpp-python is installed, loaded by llama.cpp (see `converters.gguf_ve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from converters.gguf_mix import FILE_TYPES, MixParams, TensorChoice, choose_type
 from converters.gguf_model import ModelPlan, SafetensorsReader, TensorPlan, UnsupportedModel, load_weights, plan_model
 from converters.gguf_quants import Floats, backend, quantize, row_bytes
 from converters.gguf_vocab import Vocab, load_vocab
-from manifests import Format, GGUFRequirements
+from manifests import Format, GGUFRequirements, Verification
 from registry.errors import UsageError
 from registry.progress import NoProgress, Progress
 
@@ -109,9 +110,8 @@ class _Stats:
 Encoded = tuple[np.ndarray[Any, Any], float, float, float]
 
 
-def _encode(reader: SafetensorsReader, t: TensorPlan, qtype: str, start: int, stop: int) -> Encoded:
-    """Encode rows [start, stop); with the squared error, squared signal and max error of a few rows."""
-    rows = reader.rows(t, start, stop)
+def _encode(rows: Floats, qtype: str) -> Encoded:
+    """Encode rows; with the squared error, squared signal and max error of a few of them."""
     data = quantize(rows, qtype)
     err2 = sig2 = maxerr = 0.0
     if qtype != "F32":
@@ -125,6 +125,17 @@ def _encode(reader: SafetensorsReader, t: TensorPlan, qtype: str, start: int, st
     return data, err2, sig2, maxerr
 
 
+def _read_and_encode(reader: SafetensorsReader, t: TensorPlan, qtypes: list[str], start: int,
+                     stop: int) -> list[Encoded]:
+    """Rows [start, stop) read once, encoded once per distinct type (files sharing a type share the bytes)."""
+    rows = reader.rows(t, start, stop)
+    done: dict[str, Encoded] = {}
+    for q in qtypes:
+        if q not in done:
+            done[q] = _encode(rows, q)
+    return [done[q] for q in qtypes]
+
+
 def dequantize(data: np.ndarray[Any, Any], qtype: str, ncols: int) -> Floats:
     """Decode rows with gguf's own numpy dequantizer."""
     import gguf
@@ -133,50 +144,61 @@ def dequantize(data: np.ndarray[Any, Any], qtype: str, ncols: int) -> Floats:
     return out.astype(np.float32)
 
 
-def _jobs(p: GGUFPlan, reader: SafetensorsReader) -> Iterator[tuple[int, TensorPlan, str, int, int]]:
-    for i, (t, choice) in enumerate(zip(p.model.tensors, p.choices, strict=True)):
+def _jobs(model: ModelPlan, reader: SafetensorsReader) -> Iterator[tuple[int, TensorPlan, int, int]]:
+    for i, t in enumerate(model.tensors):
         for start, stop in _chunks(t, reader):
-            yield i, t, choice.qtype, start, stop
+            yield i, t, start, stop
 
 
-def write(p: GGUFPlan, dest: Path, reader: SafetensorsReader, workers: int,
-          progress: Progress | None = None) -> tuple[str, list[EncodedTensor]]:
-    """Stream the file: header, then every tensor's rows encoded in a pool and written in order."""
+def write(plans: Sequence[GGUFPlan], dests: Sequence[Path], reader: SafetensorsReader, workers: int,
+          progress: Progress | None = None) -> list[tuple[str, list[EncodedTensor]]]:
+    """Stream one file per plan (same model, other types) from one read of the source.
+
+    Each chunk of rows is read once, encoded in a pool for every plan, and written in order into
+    every file, which is hashed on the way; the pool runs only a few chunks ahead of the writer.
+    """
     progress = progress or NoProgress()
-    stats = [_Stats() for _ in p.infos]
-    with HashingWriter(dest) as out, ThreadPoolExecutor(max_workers=workers) as pool:
-        out.write(header(p.metadata, p.infos))
+    stats = [[_Stats() for _ in p.infos] for p in plans]
+    with contextlib.ExitStack() as stack:
+        outs = [stack.enter_context(HashingWriter(d)) for d in dests]
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers))
+        for p, out in zip(plans, outs, strict=True):
+            out.write(header(p.metadata, p.infos))
         current = 0
-        pending: deque[tuple[int, Future[Encoded]]] = deque()
+        pending: deque[tuple[int, Future[list[Encoded]]]] = deque()
 
         def drain(limit: int) -> None:
             nonlocal current
             while len(pending) > limit:
                 i, fut = pending.popleft()
                 while current < i:  # every tensor ends on an alignment boundary
-                    out.pad()
+                    for out in outs:
+                        out.pad()
                     current += 1
-                data, e, s, m = fut.result()
-                raw = np.ascontiguousarray(data).data.cast("B")
-                st = stats[i]
-                st.head = st.head or bytes(raw[:64])
-                st.tail = bytes(raw[-64:])
-                st.err2, st.sig2, st.maxerr = st.err2 + e, st.sig2 + s, max(st.maxerr, m)
-                out.write(raw)
-                progress.advance(len(raw))
+                for out, st, (data, e, s, m) in zip(outs, stats, fut.result(), strict=True):
+                    raw = np.ascontiguousarray(data).data.cast("B")
+                    one = st[i]
+                    one.head = one.head or bytes(raw[:64])
+                    one.tail = bytes(raw[-64:])
+                    one.err2, one.sig2, one.maxerr = one.err2 + e, one.sig2 + s, max(one.maxerr, m)
+                    out.write(raw)
+                    progress.advance(len(raw))
 
-        # The pool runs ahead of the writer by a few chunks only, so memory stays flat.
-        for i, t, qtype, start, stop in _jobs(p, reader):
-            pending.append((i, pool.submit(_encode, reader, t, qtype, start, stop)))
+        model = plans[0].model
+        for i, t, start, stop in _jobs(model, reader):
+            qtypes = [p.choices[i].qtype for p in plans]
+            pending.append((i, pool.submit(_read_and_encode, reader, t, qtypes, start, stop)))
             drain(2 * workers)
         drain(0)
-        while current < len(p.infos):
-            out.pad()
+        while current < len(model.tensors):
+            for out in outs:
+                out.pad()
             current += 1
-        digest = out.close()
-    done = [EncodedTensor(info, choice, st.head, st.tail, (st.err2 / st.sig2) ** 0.5 if st.sig2 else 0.0, st.maxerr)
-            for info, choice, st in zip(p.infos, p.choices, stats, strict=True)]
-    return digest, done
+        digests = [out.close() for out in outs]
+    return [(digest, [EncodedTensor(info, choice, st.head, st.tail, (st.err2 / st.sig2) ** 0.5 if st.sig2 else 0.0,
+                                    st.maxerr)
+                      for info, choice, st in zip(p.infos, p.choices, pstats, strict=True)])
+            for digest, p, pstats in zip(digests, plans, stats, strict=True)]
 
 
 class GGUFConverter:
@@ -212,48 +234,67 @@ class GGUFConverter:
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         """Plan, stream the GGUF file into the work directory, re-open and verify it."""
-        file_type = request.options["type"]
+        return self.convert_many([request])[0]
+
+    def convert_many(self, requests: Sequence[ConversionRequest]) -> list[ConversionResult]:
+        """Several types of one source (same work directory) from one read of its tensors."""
+        first = requests[0]
         with tempfile.TemporaryDirectory(prefix="mreg-gguf-") as tmp:
             # The cache hands out blobs; tokenizer and config readers want the repository's layout.
             directory = Path(tmp)
-            for f in request.source.files:
+            for f in first.source.files:
                 link = directory / f.path
                 link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(request.source_files(f.path))
-            return self._convert(request, directory, file_type)
+                link.symlink_to(first.source_files(f.path))
+            return self._convert(requests, directory)
 
-    def _convert(self, request: ConversionRequest, directory: Path, file_type: str) -> ConversionResult:
+    def _convert(self, requests: Sequence[ConversionRequest], directory: Path) -> list[ConversionResult]:
         from converters import gguf_verify
 
+        first = requests[0]
         shards = sorted(p for p in directory.rglob("*.safetensors"))
         # The model's name in the store, so the engine's path is the same from one version to the next.
-        base = request.name or request.source.repo.rstrip("/").split("/")[-1] or "model"
-        p = plan(directory, shards, file_type, base)
-        dest = request.workdir / f"{base}-{file_type}.gguf"
+        base = first.name or first.source.repo.rstrip("/").split("/")[-1] or "model"
+        types = [r.options["type"] for r in requests]
+        if len(set(types)) != len(types):
+            raise UsageError(f"--to gguf:{'/'.join(types)} asks for one type twice", hint="give each type once")
+        plans = [plan(directory, shards, t, base) for t in types]
+        dests = [r.workdir / f"{base}-{t}.gguf" for r, t in zip(requests, types, strict=True)]
         reader = SafetensorsReader()
-        size = sum(i.nbytes for i in p.infos)
-        request.progress.start(f"writing {dest.name}", size)
+        size = sum(i.nbytes for p in plans for i in p.infos)
+        first.progress.start(", ".join(d.name for d in dests), size)
         t0 = time.monotonic()
         try:
-            digest, encoded = write(p, dest, reader, max(1, os.cpu_count() or 1), request.progress)
+            written = write(plans, dests, reader, max(1, os.cpu_count() or 1), first.progress)
         finally:
             reader.close()
-            request.progress.done()
+            first.progress.done()
         write_s = time.monotonic() - t0
-        verification = gguf_verify.verify(dest, p, encoded, directory, request.source)
-        verify_s = time.monotonic() - t0 - write_s
+        results = []
+        for p, dest, (digest, encoded) in zip(plans, dests, written, strict=True):
+            t1 = time.monotonic()
+            verification = gguf_verify.verify(dest, p, encoded, directory, first.source)
+            metrics = {**verification.metrics, "write_seconds": round(write_s, 3),
+                       "verify_seconds": round(time.monotonic() - t1, 3)}
+            if len(plans) > 1:
+                metrics["files_written_together"] = float(len(plans))
+            results.append(self._result(p, dest, digest, encoded, verification.model_copy(update={"metrics": metrics})))
+        return results
+
+    @staticmethod
+    def _result(p: GGUFPlan, dest: Path, digest: str, encoded: list[EncodedTensor],
+                verification: Verification) -> ConversionResult:
         counts = Counter(e.info.qtype for e in encoded)
         requirements = GGUFRequirements(
             architecture=p.model.architecture,
-            quantization=file_type,
+            quantization=p.file_type,
             tensor_types=dict(sorted(counts.items())),
             fallbacks={e.info.name: f"{e.choice.wanted}->{e.choice.qtype}: {e.choice.reason}"
                        for e in encoded if e.choice.wanted},
         )
-        metrics = {**verification.metrics, "write_seconds": round(write_s, 3), "verify_seconds": round(verify_s, 3)}
         encoders = sorted({backend(c.qtype) for c in p.choices})
         return ConversionResult(
-            verification=verification.model_copy(update={"metrics": metrics}),
+            verification=verification,
             known_digests={dest.name: digest},
             requirements=requirements,
             tool_versions={"gguf-encoders": "+".join(encoders)},

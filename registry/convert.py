@@ -79,7 +79,7 @@ def convert(
             if need not in carried_formats and need not in requested and need not in [f for f, _ in ordered]:
                 ordered.append((need, {}))
         ordered.append((fmt, raw))
-    plan = []
+    plan: list[Planned] = []
     for fmt, raw in ordered:
         conv = converters.get(fmt)
         plan.append((conv, conv.options(raw), conv.tool_versions()))
@@ -96,14 +96,15 @@ def convert(
         staging = store.stage(name)
         try:
             artifacts = [_carry(store, staging, a) for a in carried]
-            for conv, opts, tools in plan:
+            for group in _groups(plan):
+                conv = group[0][0]
                 t0 = time.monotonic()
                 # Several targets of one format (gguf:Q8_0 and gguf:Q4_K_M) share its directory; each
                 # artifact lists only the files its own converter wrote.
                 workdir = staging.path / conv.format
                 workdir.mkdir(exist_ok=True)
                 before = {p.relative_to(workdir).as_posix() for p in workdir.rglob("*") if p.is_file()}
-                request = ConversionRequest(
+                requests = [ConversionRequest(
                     source=snapshot.record.source,
                     source_files=snapshot.file,
                     options=opts,
@@ -113,28 +114,31 @@ def convert(
                     artifacts={a.format: staging.path / a.path for a in artifacts},
                     cache_dir=layout.caches_dir(store.root),
                     name=name,
-                )
-                result = conv.convert(request)
-                if result.verification.status == "failed":
-                    raise IntegrityError(
-                        f"{conv.format} conversion of {snapshot.record.source.repo} failed verification: "
-                        f"{result.verification.detail or result.verification.method}",
-                        hint="nothing was published; see the metrics with --json",
+                ) for _, opts, _ in group]
+                many = getattr(conv, "convert_many", None)
+                results = many(requests) if many is not None and len(group) > 1 else [conv.convert(requests[0])]
+                for (_, opts, tools), result in zip(group, results, strict=True):
+                    if result.verification.status == "failed":
+                        raise IntegrityError(
+                            f"{conv.format} conversion of {snapshot.record.source.repo} failed verification: "
+                            f"{result.verification.detail or result.verification.method}",
+                            hint="nothing was published; see the metrics with --json",
+                        )
+                    others = {rel for r in results if r is not result for rel in r.known_digests}
+                    files = staging.ingest(conv.format, result.known_digests, progress, skip=before | others)
+                    artifacts.append(
+                        Artifact(
+                            format=conv.format,
+                            path=conv.format,
+                            files=files,
+                            converter=ConverterInfo(name=conv.name, version=conv.version),
+                            options=opts,
+                            tool_versions={**tools, **result.tool_versions},
+                            duration_s=round(time.monotonic() - t0, 6),
+                            requirements=result.requirements,
+                            verification=result.verification,
+                        )
                     )
-                files = staging.ingest(conv.format, result.known_digests, progress, skip=before)
-                artifacts.append(
-                    Artifact(
-                        format=conv.format,
-                        path=conv.format,
-                        files=files,
-                        converter=ConverterInfo(name=conv.name, version=conv.version),
-                        options=opts,
-                        tool_versions={**tools, **result.tool_versions},
-                        duration_s=round(time.monotonic() - t0, 6),
-                        requirements=result.requirements,
-                        verification=result.verification,
-                    )
-                )
             manifest = Manifest(
                 name=name,
                 version=1,
@@ -150,6 +154,28 @@ def convert(
             staging.discard()
             raise
     return ConversionOutcome(version, False, time.monotonic() - started)
+
+
+Planned = tuple[converters.Converter, dict[str, Any], dict[str, str]]
+
+
+def _groups(plan: list[Planned]) -> list[list[Planned]]:
+    """The plan in runs: targets of a format whose converter has `convert_many` run together, at the first's place.
+
+    Such a converter reads the source once for all of them (one pass over the tensors for
+    gguf:F16 and gguf:Q4_K_M); every other target is a run of its own, in order.
+    """
+    groups: list[list[Planned]] = []
+    shared: dict[str, list[Planned]] = {}
+    for entry in plan:
+        conv = entry[0]
+        if hasattr(conv, "convert_many") and conv.format in shared:
+            shared[conv.format].append(entry)
+            continue
+        groups.append([entry])
+        if hasattr(conv, "convert_many"):
+            shared[conv.format] = groups[-1]
+    return groups
 
 
 def _carry(store: LocalStore, staging: Staging, art: Artifact) -> Artifact:

@@ -195,3 +195,34 @@ def test_peak_memory_does_not_grow_with_the_model(tmp_path: Path) -> None:
     rss_small = _peak_rss_mb(small, tmp_path / "small.gguf")
     rss_large = _peak_rss_mb(large, tmp_path / "large.gguf")
     assert rss_large - rss_small < 40, f"peak RSS {rss_small:.0f} MB -> {rss_large:.0f} MB for 5x the weights"
+
+
+def test_several_types_share_one_read_and_match_separate_runs(mreg: Any, store_root: Path, tmp_path: Path,
+                                                              tiny_model: Callable[..., Path],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--to gguf:F16 --to gguf:Q8_0 --to gguf:Q4_K_M` reads each chunk of the source once, for all three files."""
+    from converters import gguf_model
+
+    reads: list[tuple[str, int]] = []
+    real = gguf_model.SafetensorsReader.rows
+
+    def counted(self: Any, t: Any, start: int, stop: int) -> Any:
+        reads.append((t.name, start))
+        return real(self, t, start, stop)
+
+    monkeypatch.setattr(gguf_model.SafetensorsReader, "rows", counted)
+    src = tiny_model("llama")
+    r = mreg("convert", src, "--to", "gguf:F16", "--to", "gguf:Q8_0", "--to", "gguf:Q4_K_M", "--name", "m", "--json")
+    assert r.exit_code == 0, r.stderr + r.stdout
+    assert reads and len(reads) == len(set(reads)), "every chunk of every tensor is read once"
+    arts = mreg("show", f"m@{r.json['version']}", "--json").json["manifest"]["artifacts"]
+    assert [a["options"]["type"] for a in arts] == ["F16", "Q8_0", "Q4_K_M"]
+    together = {a["options"]["type"]: a for a in arts}
+    assert all(a["verification"]["status"] == "passed" for a in arts)
+    assert {a["verification"]["metrics"]["files_written_together"] for a in arts} == {3.0}
+    for spec in ("F16", "Q4_K_M"):
+        other = tmp_path / f"alone-{spec}"  # the same model name (it is in the file's metadata), another store
+        one = mreg("convert", src, "--to", f"gguf:{spec}", "--name", "m", "--store", other, "--json")
+        assert one.exit_code == 0, one.stderr
+        artifact, _ = _version(other, "m", one.json["version"])
+        assert artifact["files"][0]["sha256"] == together[spec]["files"][0]["sha256"], f"{spec}: same bytes"
