@@ -213,7 +213,9 @@ def _ggml_quantize_chunk() -> Callable[..., int] | None:
 
 def backend(qtype: str) -> str:
     """Which implementation encodes `qtype` here: "numpy", or "ggml" (the same bytes, from C, in parallel)."""
-    return "ggml" if qtype not in ("F32", "F16", "BF16") and _ggml_quantize_chunk() is not None else "numpy"
+    # F16 and BF16 too: ggml's converters use the CPU's conversion instructions (1.6 vs 2.5 ns per value
+    # for F16, 0.3 vs 6.6 for BF16, measured here), with the same rounding; F32 is a copy.
+    return "ggml" if qtype != "F32" and _ggml_quantize_chunk() is not None else "numpy"
 
 
 def quantize(rows: Floats, qtype: str, use: str | None = None) -> Bytes:

@@ -178,7 +178,7 @@ def _peak_rss_mb(src: Path, out: Path) -> float:
         from pathlib import Path
         src = Path({str(src)!r})
         p = plan(src, sorted(src.glob("*.safetensors")), "Q8_0", "m")
-        write(p, Path({str(out)!r}), SafetensorsReader(), workers=2)
+        write([p], [Path({str(out)!r})], SafetensorsReader(), workers=2)
         print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     """)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
@@ -226,3 +226,19 @@ def test_several_types_share_one_read_and_match_separate_runs(mreg: Any, store_r
         assert one.exit_code == 0, one.stderr
         artifact, _ = _version(other, "m", one.json["version"])
         assert artifact["files"][0]["sha256"] == together[spec]["files"][0]["sha256"], f"{spec}: same bytes"
+
+
+def test_rope_parameters_as_transformers_5_writes_them(mreg: Any, store_root: Path,
+                                                        tiny_model: Callable[..., Path]) -> None:
+    """A config saved by transformers 5 (`rope_parameters`) gives llama.cpp the same rope base and scaling."""
+    src = tiny_model("llama")
+    config = json.loads((src / "config.json").read_text())
+    config.pop("rope_theta", None), config.pop("rope_scaling", None)
+    config["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 20000.0}
+    (src / "config.json").write_text(json.dumps(config))
+    doc = _convert(mreg, src, "F16")
+    artifact, path = _version(store_root, "m", doc["version"])
+    r = gguf.GGUFReader(path)
+    assert _field(r, "llama.rope.freq_base") == pytest.approx(20000.0)
+    assert _field(r, "llama.rope.scaling.type") == "linear" and _field(r, "llama.rope.scaling.factor") == 2.0
+    assert artifact["verification"]["status"] == "passed" and "kl_divergence" in artifact["verification"]["metrics"]
