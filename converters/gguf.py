@@ -271,9 +271,11 @@ class GGUFConverter:
             first.progress.done()
         write_s = time.monotonic() - t0
         results = []
+        # Several types of one source share the reference forward pass: the first file's check saves it.
+        cache = directory / ".mreg-reference.npz" if len(plans) > 1 else None
         for p, dest, (digest, encoded) in zip(plans, dests, written, strict=True):
             t1 = time.monotonic()
-            verification = gguf_verify.verify(dest, p, encoded, directory, first.source)
+            verification = gguf_verify.verify(dest, p, encoded, directory, first.source, cache)
             metrics = {**verification.metrics, "write_seconds": round(write_s, 3),
                        "verify_seconds": round(time.monotonic() - t1, 3)}
             if len(plans) > 1:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -94,19 +96,30 @@ def header(metadata: Sequence[tuple[str, Any]], tensors: Sequence[TensorInfo]) -
 
 
 class HashingWriter:
-    """A file written once, front to back, hashed on the way; fsynced on close."""
+    """A file written once, front to back, hashed on the way by a thread of its own; fsynced on close.
+
+    sha256 is sequential, and so is the file: done in one thread, the two took 3.1 s of a 2.2 GB
+    file's 4.5 s; side by side (both release the GIL) they overlap with each other and the encoders.
+    """
+
+    #: Chunks handed to the hashing thread and not yet hashed (each is a few MB, kept alive until then).
+    AHEAD = 8
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
         self._h = hashlib.sha256()
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")  # one thread: in order
+        self._pending: deque[Future[None]] = deque()
         self.size = 0
 
     def write(self, data: bytes | memoryview) -> None:
-        """Append bytes."""
+        """Append bytes (which must not change until hashed: callers hand over fresh buffers)."""
+        self._pending.append(self._hasher.submit(self._h.update, data))
         self._f.write(data)
-        self._h.update(data)
         self.size += len(data)
+        while len(self._pending) > self.AHEAD:
+            self._pending.popleft().result()
 
     def pad(self) -> None:
         """Zero bytes up to the next alignment boundary."""
@@ -114,6 +127,9 @@ class HashingWriter:
 
     def close(self) -> str:
         """Flush, fsync, close; the sha256 of everything written."""
+        while self._pending:
+            self._pending.popleft().result()
+        self._hasher.shutdown()
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
@@ -123,6 +139,7 @@ class HashingWriter:
         return self
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self._hasher.shutdown(cancel_futures=True)
         if not self._f.closed:
             self._f.close()
         if t is not None:

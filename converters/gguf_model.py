@@ -8,10 +8,9 @@ pages it read so that resident memory does not grow with the model.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import mmap
+import os
 import struct
 import threading
 from collections.abc import Iterable
@@ -217,18 +216,22 @@ def _hf_order(name: str) -> tuple[int, str]:
 
 
 class SafetensorsReader:
-    """Rows of source tensors as float32, from memory-mapped files whose pages are released after use."""
+    """Rows of source tensors as float32, read with pread(2) into fresh buffers.
+
+    Reading rather than mapping keeps resident memory flat without page-fault and madvise costs
+    (a third less system time on a 1.1 B model) and without the read-around pages a mapping
+    faults in beyond the range it asked for.
+    """
 
     def __init__(self) -> None:
-        self._maps: dict[Path, tuple[Any, mmap.mmap]] = {}
+        self._files: dict[Path, int] = {}
         self._lock = threading.Lock()
 
-    def _map(self, path: Path) -> mmap.mmap:
-        with self._lock:  # encoding threads share the maps
-            if path not in self._maps:
-                f = open(path, "rb")  # noqa: SIM115 - kept open with its map until close()
-                self._maps[path] = (f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-            return self._maps[path][1]
+    def _fd(self, path: Path) -> int:
+        with self._lock:  # encoding threads share the descriptors
+            if path not in self._files:
+                self._files[path] = os.open(path, os.O_RDONLY)
+            return self._files[path]
 
     def rows(self, t: TensorPlan, start: int, stop: int) -> Floats:
         """Rows [start, stop) of a tensor (2-D view: rows x ncols), llama's q/k head permutation applied."""
@@ -237,17 +240,21 @@ class SafetensorsReader:
         src = t.source
         assert src is not None
         dtype = _DTYPES[src.dtype]
-        mm = self._map(src.path)
-        begin = src.offset + start * t.ncols * dtype.itemsize
         count = (stop - start) * t.ncols
-        raw = np.frombuffer(mm, dtype=dtype, count=count, offset=begin)
+        raw = np.empty(count, dtype=dtype)
+        view = raw.data.cast("B")
+        offset, done = src.offset + start * t.ncols * dtype.itemsize, 0
+        fd = self._fd(src.path)
+        while done < len(view):  # pread may return less than asked
+            n = os.preadv(fd, [view[done:]], offset + done)
+            if n == 0:
+                raise UnsupportedModel(f"{src.path.name} ends inside tensor {t.name}",
+                                       hint="the safetensors file is truncated: pull it again")
+            done += n
         # bfloat16 is the top half of a float32: widening is a shift, exact; one ufunc into the wide
         # type takes 0.2 ns per value, astype-then-shift 2.1.
         wide = np.left_shift(raw, 16, dtype=np.uint32).view(np.float32) if src.dtype == "BF16" else None
-        out = wide if wide is not None else raw.astype(np.float32)
-        del raw
-        self._release(mm, begin, count * dtype.itemsize)
-        out = out.reshape(stop - start, t.ncols)
+        out = (wide if wide is not None else raw.astype(np.float32)).reshape(stop - start, t.ncols)
         if t.permute_heads:
             head = t.nrows // t.permute_heads
             # HF stores each head's rotary halves apart; llama.cpp wants them interleaved.
@@ -258,22 +265,11 @@ class SafetensorsReader:
         """Rows that must be read together (one attention head for permuted tensors)."""
         return t.nrows // t.permute_heads if t.permute_heads else 1
 
-    @staticmethod
-    def _release(mm: mmap.mmap, begin: int, length: int) -> None:
-        """Drop the pages just read from this process's resident set (the page cache keeps them)."""
-        page = mmap.PAGESIZE
-        lo = begin // page * page
-        hi = min(len(mm), -(-(begin + length) // page) * page)
-        if hasattr(mm, "madvise") and hi > lo:
-            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-
     def close(self) -> None:
-        """Unmap and close every file."""
-        for f, mm in self._maps.values():
-            with contextlib.suppress(BufferError):
-                mm.close()
-            f.close()
-        self._maps.clear()
+        """Close every file."""
+        for fd in self._files.values():
+            os.close(fd)
+        self._files.clear()
 
 
 def load_weights(files: Iterable[Path]) -> dict[str, SourceTensor]:

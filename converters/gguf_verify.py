@@ -15,6 +15,7 @@ Any failure fails the conversion; a check that cannot run (no runtime) says so i
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -125,30 +126,45 @@ def _softmax(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return out
 
 
-def check_runtime(path: Path, plan: GGUFPlan, directory: Path) -> tuple[list[str], dict[str, float], list[str]]:
-    """llama.cpp loads the file, in a child process (its memory and any crash stay there)."""
+def start_runtime(path: Path, plan: GGUFPlan, directory: Path, cache: Path | None) -> subprocess.Popen[str] | str:
+    """Start llama.cpp on the file in a child process (its memory and any crash stay there), or say why not.
+
+    The child runs while the parent re-reads the file with gguf's reader: two cores, two checks.
+    """
     import importlib.util
-    import json
-    import subprocess
     import sys
 
     if importlib.util.find_spec("llama_cpp") is None:
-        return [], {}, ["llama.cpp runtime not installed (pip install 'mreg[gguf]'): not loaded"]
-    cmd = [sys.executable, "-m", "converters.gguf_verify", str(path), str(directory), plan.file_type]
+        return "llama.cpp runtime not installed (pip install 'mreg[gguf]'): not loaded"
+    cmd = [sys.executable, "-m", "converters.gguf_verify", str(path), str(directory), plan.file_type,
+           str(cache) if cache is not None else ""]
     root = Path(__file__).resolve().parent.parent
     # The reference forward pass runs its own thread pool: OpenBLAS threads on top of it are many times slower.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
            "OPENBLAS_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return [f"llama.cpp could not load or run the file (exit {proc.returncode}): {tail}"], {}, []
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish_runtime(child: subprocess.Popen[str] | str) -> tuple[list[str], dict[str, float], list[str]]:
+    """The child's problems, metrics and notes."""
+    import json
+
+    if isinstance(child, str):
+        return [], {}, [child]
+    stdout, stderr = child.communicate()
+    if child.returncode != 0:
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
+        return [f"llama.cpp could not load or run the file (exit {child.returncode}): {tail}"], {}, []
+    doc = json.loads(stdout.strip().splitlines()[-1])
     return doc["problems"], doc["metrics"], doc["notes"]
 
 
-def run_runtime(path: Path, directory: Path, file_type: str) -> dict[str, Any]:
-    """The child process's work: load with llama.cpp, compare tokenization and logits with the reference."""
+def run_runtime(path: Path, directory: Path, file_type: str, cache: str) -> dict[str, Any]:
+    """The child process's work: load with llama.cpp, compare tokenization and logits with the reference.
+
+    The reference runs after llama.cpp has let go of the file. With `cache` (an .npz path), several
+    files of one source compute it once: the first saves ids and logits there, the others read them.
+    """
     import importlib
     import time
 
@@ -174,13 +190,21 @@ def run_runtime(path: Path, directory: Path, file_type: str) -> dict[str, Any]:
     llm.eval(ids)
     got = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
     llm.close()
-    t0 = time.monotonic()
-    try:
-        ref = reference_logits(directory, ids).astype(np.float64)[:, : got.shape[1]]
-    except ReferenceUnsupported as e:
-        notes.append(f"logits not compared: {e}")
-        return {"problems": problems, "metrics": metrics, "notes": notes}
-    metrics["reference_seconds"] = round(time.monotonic() - t0, 3)
+    saved = np.load(cache) if cache and Path(cache).is_file() else None
+    if saved is not None and saved["ids"].tolist() == list(ids):
+        ref = saved["logits"].astype(np.float64)
+    else:
+        t0 = time.monotonic()
+        try:
+            logits = reference_logits(directory, ids)
+        except ReferenceUnsupported as e:
+            notes.append(f"logits not compared: {e}")
+            return {"problems": problems, "metrics": metrics, "notes": notes}
+        metrics["reference_seconds"] = round(time.monotonic() - t0, 3)
+        if cache:
+            np.savez(cache, ids=np.asarray(ids, np.int64), logits=logits)
+        ref = logits.astype(np.float64)
+    ref = ref[:, : got.shape[1]]
     scale = float(ref.std()) or 1.0
     p, q = _softmax(ref), _softmax(got)
     metrics["logits_max_abs_diff"] = float(np.abs(got - ref).max())
@@ -198,9 +222,16 @@ def run_runtime(path: Path, directory: Path, file_type: str) -> dict[str, Any]:
 
 
 def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directory: Path,
-           source: SourceInfo) -> Verification:
+           source: SourceInfo, reference_cache: Path | None = None) -> Verification:
     """Run every check that can run here and return the verification record."""
-    problems = check_file(path, plan, encoded)
+    child = start_runtime(path, plan, directory, reference_cache)
+    try:
+        problems = check_file(path, plan, encoded)
+    except BaseException:
+        if not isinstance(child, str):
+            child.kill()
+            child.wait()
+        raise
     worst: dict[str, float] = {}
     for e in encoded:
         bound = ERROR_BOUND[e.info.qtype]
@@ -210,7 +241,7 @@ def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directo
     metrics: dict[str, float] = {"tensors": float(len(encoded)), "metadata_keys": float(len(plan.metadata))}
     metrics.update({f"rel_rmse_{k}": round(v, 6) for k, v in sorted(worst.items())})
     tolerance = {f"rel_rmse_{k}": ERROR_BOUND[k] for k in sorted(worst)}
-    runtime_problems, runtime_metrics, notes = check_runtime(path, plan, directory)
+    runtime_problems, runtime_metrics, notes = finish_runtime(child)
     problems += runtime_problems
     metrics.update(runtime_metrics)
     if plan.file_type in LOGITS_REL_DIFF:
@@ -237,5 +268,4 @@ if __name__ == "__main__":
     import json
     import sys
 
-    result = run_runtime(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
-    print(json.dumps(result))
+    print(json.dumps(run_runtime(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4])))

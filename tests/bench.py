@@ -339,6 +339,46 @@ def bench_onnx(work: Path, results: dict[str, Any]) -> None:
     _rm(llama)
 
 
+def bench_tensorrt(work: Path, results: dict[str, Any]) -> None:
+    """TensorRT for RTX engine builds (ahead of time, no GPU needed): per target and precision, time and plan size.
+
+    RTX keeps no build cache (its timing-cache calls are no-ops), so a rebuild costs what a cold build
+    does; the warm/cold timing-cache figures need full TensorRT on a GPU (README, TensorRT).
+    """
+    from tiny_models import build_tiny_llama
+
+    try:
+        import tensorrt_rtx  # noqa: F401
+    except ImportError:
+        results["tensorrt"] = "tensorrt-rtx-cu13 is not installed"
+        return
+    models = {"tiny-llama": build_tiny_llama(work / "trt-tiny"),
+              "llama-100m": build_tiny_llama(work / "trt-100m", hidden_size=768, num_layers=12, num_heads=12,
+                                             num_kv_heads=12, intermediate_size=2048, vocab_size=32000)}
+    env = {**os.environ, "MREG_STORE": str(work / "trt-store"), "MREG_CACHE_DIR": str(work / "trt-cache")}
+    out: dict[str, Any] = {}
+    for label, src in models.items():
+        subprocess.run([str(BIN / "mreg"), "convert", str(src), "--to", "onnx", "--name", label], check=True,
+                       capture_output=True, env=env)
+        rows: dict[str, Any] = {}
+        for version, spec in enumerate(("target=sm_86+sm_89", "target=sm_86+sm_89,precision=fp16"), 2):
+            row: dict[str, Any] = {"mreg_convert": _measured(
+                [BIN / "mreg", "convert", f"{label}@1", "--to", f"tensorrt:backend=tensorrt-rtx,{spec}"], env=env)}
+            manifest = json.loads((work / "trt-store" / "models" / label / "versions" / str(version)
+                                   / "manifest.json").read_text())
+            art = next(a for a in manifest["artifacts"] if a["format"] == "tensorrt")
+            row["build_s"] = art["requirements"]["build_s"]
+            row["plan_bytes"] = {f["path"].split("/")[0]: f["size"] for f in art["files"]
+                                 if f["path"].endswith(".plan")}
+            row["verification"] = art["verification"]["status"]
+            rows["fp16" if "fp16" in spec else "fp32"] = row
+        out[label] = rows
+        print(f"tensorrt {label}: {rows}", flush=True)
+    results["tensorrt_rtx"] = out
+    for d in (work / "trt-store", work / "trt-cache", *models.values()):
+        _rm(d)
+
+
 def _rm(path: Path) -> None:
     if path.exists():
         subprocess.run(["chmod", "-R", "u+w", str(path)], check=False)
@@ -349,17 +389,18 @@ def main() -> int:
     """Run the selected benchmarks and write bench-results/bench.json."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="bench-work")
-    ap.add_argument("--only", choices=["flips", "register", "pull", "s3", "gguf", "onnx"], action="append")
+    ap.add_argument("--only", choices=["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt"],
+                    action="append")
     args = ap.parse_args()
     work = Path(args.workdir).absolute()
     _rm(work)
     work.mkdir(parents=True)
     results: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
-    chosen = args.only or ["flips", "register", "pull", "s3", "gguf", "onnx"]
+    chosen = args.only or ["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt"]
     from test_converters.bench_gguf import bench_gguf
 
     for key, fn in (("flips", bench_flips), ("register", bench_register), ("pull", bench_repull), ("s3", bench_s3),
-                    ("gguf", bench_gguf), ("onnx", bench_onnx)):
+                    ("gguf", bench_gguf), ("onnx", bench_onnx), ("tensorrt", bench_tensorrt)):
         if key in chosen:
             fn(work, results)
     out = Path("bench-results")

@@ -1,10 +1,12 @@
 """GGUF conversion benchmark (run by `python tests/bench.py --only gguf`, part of `nox -s bench`).
 
 A 1.1 B-parameter llama in the TinyLlama shape (hidden 2048, 22 layers, 32 heads, 4 KV heads,
-intermediate 5632, vocab 32000), bf16, random weights, is pulled into the cache once; then
-`mreg convert --to gguf:F16 | Q8_0 | Q4_K_M` runs as a process under /usr/bin/time (wall time
-and peak RSS, which includes the llama.cpp verification child), beside `cp` of the same input and
-llama.cpp's own `llama_model_quantize` from mreg's F16 file (the second step of the reference path).
+intermediate 5632, vocab 32000, a SentencePiece tokenizer), bf16, random weights, is pulled into
+the cache once; then `mreg convert --to gguf:F16 | Q8_0 | Q4_K_M` runs as a process whose tree is
+sampled for memory (see `_timed`), beside `cp` of the same input, llama.cpp's `convert_hf_to_gguf.py`
+(from the llama-cpp-python source package) to F16 and Q8_0, and llama.cpp's `llama_model_quantize`
+from mreg's F16 file (the second step of the reference path to Q4_K_M); last, all three types in one
+`mreg convert` that reads the source once.
 """
 
 from __future__ import annotations
@@ -42,9 +44,12 @@ def _random_bf16(shape: tuple[int, ...], seed: int) -> Callable[[BinaryIO], None
 
 def build_tinyllama(dest: Path) -> Path:
     """The TinyLlama-shaped bf16 checkpoint: tokenizer and config from tiny_models, weights streamed to disk."""
-    from tiny_models import build_tiny_llama, write_safetensors
+    from test_converters.conftest import build_spm_llama
+    from tiny_models import write_safetensors
 
-    build_tiny_llama(dest, dtype="bfloat16")
+    # TinyLlama's tokenizer is SentencePiece, which is also what llama.cpp's converter reads without a
+    # registry of known BPE pre-tokenizers.
+    build_spm_llama(dest, dtype="bfloat16")
     for p in dest.glob("*.safetensors*"):
         p.unlink()
     c = TINYLLAMA
@@ -89,13 +94,51 @@ def build_tinyllama(dest: Path) -> Path:
     return dest
 
 
-def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS in MB (GNU time: the largest process of the tree) and stdout of a command."""
+def _tree(pid: int) -> list[int]:
+    """A process and its descendants, from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                todo += [int(c) for c in task.read_text().split()]
+            except OSError:
+                continue
+    return out
+
+
+def _status_kb(pid: int) -> dict[str, int]:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in lines)
+            if k in ("VmRSS", "RssAnon", "RssFile")}
+
+
+def _timed(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[float, dict[str, float], str]:
+    """Wall seconds, memory figures in MB and stdout of a command.
+
+    The process tree is sampled every 20 ms: `peak_rss_mb` is the largest resident set of one process
+    (what GNU time's %M reports), `peak_anon_mb` the largest sum of anonymous memory over the tree
+    (heap and buffers: what a model's size could make grow), `peak_file_mb` the largest sum of
+    file-backed resident pages (mapped files, which the kernel can drop and re-read).
+    """
     t0 = time.perf_counter()
-    done = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], capture_output=True, text=True, env=env, check=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    peak = {"rss": 0, "anon": 0, "file": 0}
+    while proc.poll() is None:
+        stats = [_status_kb(p) for p in _tree(proc.pid)]
+        peak["rss"] = max([peak["rss"], *(s.get("VmRSS", 0) for s in stats)])
+        peak["anon"] = max(peak["anon"], sum(s.get("RssAnon", 0) for s in stats))
+        peak["file"] = max(peak["file"], sum(s.get("RssFile", 0) for s in stats))
+        time.sleep(0.02)
+    stdout, stderr = proc.communicate()
     wall = time.perf_counter() - t0
-    rss_kb = float(done.stderr.strip().splitlines()[-1])
-    return wall, rss_kb / 1024, done.stdout
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, stdout, stderr)
+    return wall, {f"peak_{k}_mb": round(v / 1024) for k, v in peak.items()}, stdout
 
 
 def _llama_quantize(src: Path, dest: Path, env: dict[str, str], ftype: int = 15) -> float | None:
@@ -111,35 +154,78 @@ def _llama_quantize(src: Path, dest: Path, env: dict[str, str], ftype: int = 15)
     return round(wall, 2)
 
 
+def _llama_cpp_converter(work: Path) -> Path | None:
+    """llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python source package (PyPI), or None."""
+    import tarfile
+    from importlib import metadata
+
+    root = work / "llama.cpp"
+    if (root / "convert_hf_to_gguf.py").is_file():
+        return root
+    try:
+        version = metadata.version("llama-cpp-python")
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                        "-d", str(work / "sdist"), f"llama-cpp-python=={version}"], check=True, capture_output=True)
+    except (metadata.PackageNotFoundError, subprocess.CalledProcessError):
+        return None
+    (archive,) = (work / "sdist").glob("llama_cpp_python-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        prefix = tar.getnames()[0].split("/")[0] + "/vendor/llama.cpp/"
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile() and
+                   (m.name.endswith(".py") or "/gguf-py/" in m.name)]
+        for m in members:
+            m.name = m.name[len(prefix):]
+        tar.extractall(root, members=members, filter="data")
+    return root if (root / "convert_hf_to_gguf.py").is_file() else None
+
+
+def _mreg_convert(mreg: str, src: Path, types: tuple[str, ...], name: str, env: dict[str, str],
+                  work: Path) -> tuple[float, dict[str, float], list[dict[str, Any]]]:
+    targets = [a for t in types for a in ("--to", f"gguf:{t}")]
+    wall, mem, stdout = _timed([mreg, "convert", str(src), *targets, "--name", name, "--json"], env)
+    doc = json.loads(stdout)
+    manifest = json.loads((work / "gguf-store" / "models" / name / "versions" / str(doc["version"])
+                           / "manifest.json").read_text())
+    return wall, mem, manifest["artifacts"]
+
+
 def bench_gguf(work: Path, results: dict[str, Any]) -> None:
-    """mreg convert to F16, Q8_0 and Q4_K_M on a 1.1 B bf16 llama, against cp of the input."""
+    """mreg convert to F16, Q8_0 and Q4_K_M on a 1.1 B bf16 llama, against cp and llama.cpp's own tools."""
     src = build_tinyllama(work / "tinyllama")
     nbytes = sum(p.stat().st_size for p in src.iterdir())
     mreg = str(Path(sys.executable).parent / "mreg")
     env = {**os.environ, "MREG_CACHE_DIR": str(work / "gguf-cache"), "MREG_STORE": str(work / "gguf-store")}
     subprocess.run(["sync"], check=False)
     t_cp, _, _ = _timed(["cp", "-r", str(src), str(work / "cp-copy")], env)
-    t_pull, rss_pull, _ = _timed([mreg, "pull", str(src), "--json"], env)
+    t_pull, mem_pull, _ = _timed([mreg, "pull", str(src), "--json"], env)
     out: dict[str, Any] = {"source_bytes": nbytes, "cp_s": round(t_cp, 2), "pull_s": round(t_pull, 2),
-                           "pull_peak_rss_mb": round(rss_pull)}
+                           "pull_memory": mem_pull}
+    llama_cpp = _llama_cpp_converter(work)
     for qtype in TYPES:
-        wall, rss, stdout = _timed([mreg, "convert", str(src), "--to", f"gguf:{qtype}", "--name", f"b-{qtype.lower()}",
-                                    "--json"], env)
-        doc = json.loads(stdout)
-        manifest = json.loads((work / "gguf-store" / "models" / f"b-{qtype.lower()}" / "versions"
-                               / str(doc["version"]) / "manifest.json").read_text())
-        art = manifest["artifacts"][0]
-        out[qtype] = {"convert_s": round(wall, 2), "peak_rss_mb": round(rss),
-                      "write_s": art["verification"]["metrics"].get("write_seconds"),
-                      "verify_s": art["verification"]["metrics"].get("verify_seconds"),
-                      "file_bytes": art["files"][0]["size"], "verification": art["verification"]["status"],
-                      "logits_compared": "kl_divergence" in art["verification"]["metrics"],
-                      "ratio_to_cp": round(wall / t_cp, 1)}
-        print(f"gguf {qtype}: {out[qtype]}", flush=True)
+        wall, mem, (art,) = _mreg_convert(mreg, src, (qtype,), f"b-{qtype.lower()}", env, work)
+        metrics = art["verification"]["metrics"]
+        row: dict[str, Any] = {
+            "convert_s": round(wall, 2), **mem, "write_s": metrics.get("write_seconds"),
+            "verify_s": metrics.get("verify_seconds"), "reference_s": metrics.get("reference_seconds"),
+            "file_bytes": art["files"][0]["size"], "verification": art["verification"]["status"],
+            "kl_divergence": metrics.get("kl_divergence"), "top1_agreement": metrics.get("top1_agreement"),
+            "ratio_to_cp": round(wall / t_cp, 1)}
+        if llama_cpp is not None and qtype in ("F16", "Q8_0"):
+            ref_out = work / f"ref-{qtype}.gguf"
+            ref_s, ref_mem, _ = _timed([sys.executable, "convert_hf_to_gguf.py", str(src), "--outfile", str(ref_out),
+                                        "--outtype", qtype.lower()], {**env, "PYTHONPATH": "gguf-py"}, cwd=llama_cpp)
+            row["convert_hf_to_gguf"] = {"s": round(ref_s, 2), **ref_mem}
+            row["ratio_to_convert_hf_to_gguf"] = round(wall / ref_s, 2)
+            ref_out.unlink(missing_ok=True)
+        out[qtype] = row
+        print(f"gguf {qtype}: {row}", flush=True)
         if qtype == "F16":
-            f16 = work / "gguf-store" / "models" / "b-f16" / "versions" / str(doc["version"]) / "gguf" / \
-                art["files"][0]["path"]
+            f16 = work / "gguf-store" / "models" / "b-f16" / "versions" / "1" / "gguf" / art["files"][0]["path"]
             out["llama_quantize_F16_to_Q4_K_M_s"] = _llama_quantize(f16, work / "ref-Q4_K_M.gguf", env)
             out["llama_quantize_F16_to_Q8_0_s"] = _llama_quantize(f16, work / "ref-Q8_0.gguf", env, ftype=7)
+    wall, mem, arts = _mreg_convert(mreg, src, TYPES, "b-all", env, work)
+    out["all_three_in_one_run"] = {"convert_s": round(wall, 2), **mem,
+                                   "separate_runs_s": round(sum(out[t]["convert_s"] for t in TYPES), 2),
+                                   "verification": [a["verification"]["status"] for a in arts]}
     results["gguf_1.1B"] = out
     print(f"gguf: {out}", flush=True)
