@@ -2,7 +2,7 @@
 
 `--to gguf:Q4_K_M` picks the file type. The conversion plans everything from config.json, the
 tokenizer files and the safetensors headers first (an unsupported model fails before any output),
-then streams: rows of one tensor at a time are read from memory-mapped shards, encoded on every
+then streams: rows of one tensor at a time are read from the shards (pread), encoded on every
 core, written in order and hashed on the way. The file is then re-opened with gguf's reader and,
 when llama-cpp-python is installed, loaded by llama.cpp (see `converters.gguf_verify`).
 """

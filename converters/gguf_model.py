@@ -2,8 +2,8 @@
 
 `plan_model` reads config.json and the safetensors headers only (no tensor data) and refuses an
 unsupported architecture, dtype or tensor name before anything is written. `SafetensorsReader`
-then hands out rows of one tensor at a time as float32 from memory-mapped files, dropping the
-pages it read so that resident memory does not grow with the model.
+then hands out rows of one tensor at a time as float32, read into fresh buffers, so that resident
+memory does not grow with the model.
 """
 
 from __future__ import annotations

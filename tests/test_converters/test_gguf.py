@@ -179,6 +179,8 @@ def _peak_rss_mb(src: Path, out: Path) -> float:
         src = Path({str(src)!r})
         p = plan(src, sorted(src.glob("*.safetensors")), "Q8_0", "m")
         write([p], [Path({str(out)!r})], SafetensorsReader(), workers=2)
+        from converters.gguf_reference import reference_logits
+        reference_logits(src, list(range(1, 17)))  # the verification's float32 forward pass streams too
         print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     """)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
