@@ -93,15 +93,13 @@ def precision(options: dict[str, Any]) -> str:
 
 
 def _require() -> None:
-    """Import every heavy library once, or say how to install the missing ones."""
-    import importlib
+    """Say how to install what is missing, before any work; modules are imported where used.
 
-    missing = []
-    for module in REQUIRED:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            missing.append(module)
+    (Finding rather than importing them spares the TorchScript path onnxscript's 0.5 s import.)
+    """
+    import importlib.util
+
+    missing = [module for module in REQUIRED if importlib.util.find_spec(module) is None]
     if missing:
         raise MissingDependency(missing)
 
