@@ -255,9 +255,7 @@ class GGUFConverter:
         shards = sorted(p for p in directory.rglob("*.safetensors"))
         # The model's name in the store, so the engine's path is the same from one version to the next.
         base = first.name or first.source.repo.rstrip("/").split("/")[-1] or "model"
-        types = [r.options["type"] for r in requests]
-        if len(set(types)) != len(types):
-            raise UsageError(f"--to gguf:{'/'.join(types)} asks for one type twice", hint="give each type once")
+        types = [r.options["type"] for r in requests]  # distinct: registry.convert refuses a target given twice
         plans = [plan(directory, shards, t, base) for t in types]
         dests = [r.workdir / f"{base}-{t}.gguf" for r, t in zip(requests, types, strict=True)]
         reader = SafetensorsReader()

@@ -17,7 +17,7 @@ from converters import ConversionRequest
 from manifests import Artifact, ConverterInfo, Manifest, SourceInfo
 from registry import layout, provenance
 from registry.cache import Snapshot
-from registry.errors import IntegrityError
+from registry.errors import IntegrityError, UsageError
 from registry.modelinfo import read_model_info
 from registry.progress import NoProgress, Progress
 from registry.refs import check_name
@@ -46,9 +46,15 @@ def conversion_key(source: SourceInfo, targets: Sequence[tuple[str, str, str, di
 
 
 def check_targets(targets: Sequence[tuple[str, dict[str, Any]]]) -> None:
-    """Refuse unknown formats and bad options (cheap: no heavy import), before anything is downloaded."""
+    """Refuse unknown formats, bad options and a target given twice (cheap: no heavy import), before any download."""
+    seen: set[str] = set()
     for fmt, raw in targets:
-        converters.get(fmt).options(raw)
+        options = converters.get(fmt).options(raw)
+        key = json.dumps([fmt, options], sort_keys=True)
+        if key in seen:
+            spec = ",".join(f"{k}={v}" for k, v in sorted(options.items()))
+            raise UsageError(f"--to {fmt} is given twice with the same options ({spec})", hint="give each target once")
+        seen.add(key)
 
 
 def convert(
@@ -68,6 +74,7 @@ def convert(
     ONNX) finds it among them, or has it made first with default options.
     """
     check_name(name)
+    check_targets(targets)
     progress = progress or NoProgress()
     started = time.monotonic()
     requested = [fmt for fmt, _ in targets]

@@ -244,3 +244,10 @@ def test_rope_parameters_as_transformers_5_writes_them(mreg: Any, store_root: Pa
     assert _field(r, "llama.rope.freq_base") == pytest.approx(20000.0)
     assert _field(r, "llama.rope.scaling.type") == "linear" and _field(r, "llama.rope.scaling.factor") == 2.0
     assert artifact["verification"]["status"] == "passed" and "kl_divergence" in artifact["verification"]["metrics"]
+
+
+def test_a_type_given_twice_is_refused_before_any_work(mreg: Any, store_root: Path,
+                                                      tiny_model: Callable[..., Path]) -> None:
+    r = mreg("convert", tiny_model("llama"), "--to", "gguf:Q8_0", "--to", "gguf:q8_0", "--name", "m", "--json")
+    assert r.exit_code == 2 and "given twice" in r.json["error"]["message"]
+    assert not (store_root / "models" / "m").exists()

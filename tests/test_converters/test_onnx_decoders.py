@@ -129,3 +129,10 @@ def test_torchscript_exporter_is_verified_like_dynamo(kind: str, mreg: Any, stor
     assert art["options"]["exporter"] == "torchscript" and v["status"] == "passed"
     assert v["metrics"]["generation.tokens_equal"] == 1.0 and v["metrics"]["logits.max_abs_diff"] <= 1e-4
     _decode_from_the_published_tree(tree, kind)
+
+
+def test_sentencepiece_tokenizer_checkpoint(mreg: Any, store_root: Path, tiny_model: Callable[..., Path]) -> None:
+    """A Llama-2-style checkpoint with only tokenizer.model: transformers must read it (protobuf >= 7.36)."""
+    doc = convert(mreg, tiny_model("llama-spm"))
+    art, tree = artifact(store_root, "m", doc["version"])
+    assert art["verification"]["status"] == "passed" and (tree / "tokenizer.model").is_file()
