@@ -270,7 +270,8 @@ def bench_gguf(work: Path, results: dict[str, Any]) -> None:
         out[qtype] = row
         print(f"gguf {qtype}: {row}", flush=True)
         if qtype == "F16":
-            f16 = work / "gguf-store" / "models" / "b-f16-0" / "versions" / "1" / "gguf" / art["files"][0]["path"]
+            # the first run's file (named after its model)
+            f16 = work / "gguf-store" / "models" / "b-f16-0" / "versions" / "1" / "gguf" / "b-f16-0-F16.gguf"
             out["llama_quantize_F16_to_Q4_K_M_s"] = _llama_quantize(f16, work / "ref-Q4_K_M.gguf", env)
             out["llama_quantize_F16_to_Q8_0_s"] = _llama_quantize(f16, work / "ref-Q8_0.gguf", env, ftype=7)
     # The claim itself: each conversion, verification included, inside 500 MB (page cache counted).
