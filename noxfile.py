@@ -34,6 +34,6 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks (minutes, several GB of disk): promote/rollback, registration, hashing, re-pull, S3 push/sync."""
+    """Benchmarks (half an hour, ~15 GB of disk): flips, registration, re-pull, S3, GGUF, ONNX, TensorRT for RTX."""
     session.install("-e", ".[test,bench]")
     session.run("python", "tests/bench.py", *session.posargs)
