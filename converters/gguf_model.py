@@ -242,15 +242,7 @@ class SafetensorsReader:
         dtype = _DTYPES[src.dtype]
         count = (stop - start) * t.ncols
         raw = np.empty(count, dtype=dtype)
-        view = raw.data.cast("B")
-        offset, done = src.offset + start * t.ncols * dtype.itemsize, 0
-        fd = self._fd(src.path)
-        while done < len(view):  # pread may return less than asked
-            n = os.preadv(fd, [view[done:]], offset + done)
-            if n == 0:
-                raise UnsupportedModel(f"{src.path.name} ends inside tensor {t.name}",
-                                       hint="the safetensors file is truncated: pull it again")
-            done += n
+        pread_exact(self._fd(src.path), raw, src.offset + start * t.ncols * dtype.itemsize)
         # bfloat16 is the top half of a float32: widening is a shift, exact; one ufunc into the wide
         # type takes 0.2 ns per value, astype-then-shift 2.1.
         wide = np.left_shift(raw, 16, dtype=np.uint32).view(np.float32) if src.dtype == "BF16" else None
@@ -270,6 +262,18 @@ class SafetensorsReader:
         for fd in self._files.values():
             os.close(fd)
         self._files.clear()
+
+
+def pread_exact(fd: int, buf: np.ndarray[Any, Any], offset: int) -> None:
+    """Fill `buf` from `fd` at `offset` (pread may return less than asked); a file too short is refused."""
+    view = buf.data.cast("B")
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise UnsupportedModel("a safetensors file is shorter than its header says",
+                                   hint="the file is truncated: pull the model again")
+        done += got
 
 
 def load_weights(files: Iterable[Path]) -> dict[str, SourceTensor]:

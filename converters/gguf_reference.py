@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from converters.gguf_model import SourceTensor, load_weights, rope_settings
+from converters.gguf_model import SourceTensor, load_weights, pread_exact, rope_settings
 from converters.gguf_quants import Floats
 from registry.errors import MregError
 
@@ -194,10 +194,10 @@ class _Weights:
         offset = t.offset + start * cols * _ITEMSIZE[t.dtype]
         out = out[:count]
         if t.dtype == "F32":
-            _pread(self.files[t.path], out, offset)
+            pread_exact(self.files[t.path], out, offset)
             return out.reshape(-1, cols)
         raw = self._buffer("raw", count, np.uint16)
-        _pread(self.files[t.path], raw, offset)
+        pread_exact(self.files[t.path], raw, offset)
         if t.dtype == "BF16":  # the top half of a float32: widening is a shift, exact
             np.left_shift(raw, 16, out=out.view(np.uint32), dtype=np.uint32)
         else:
@@ -245,17 +245,6 @@ class _Weights:
         """Close every file."""
         for fd in self.files.values():
             os.close(fd)
-
-
-def _pread(fd: int, buf: npt.NDArray[Any], offset: int) -> None:
-    """Fill buf from fd at offset (pread may return less than asked)."""
-    view = buf.data.cast("B")
-    done = 0
-    while done < len(view):
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got == 0:
-            raise ReferenceUnsupported("a safetensors file is shorter than its header says")
-        done += got
 
 
 def _rms_norm(x: Floats, weight: Floats, eps: float) -> Floats:

@@ -251,3 +251,21 @@ def test_a_type_given_twice_is_refused_before_any_work(mreg: Any, store_root: Pa
     r = mreg("convert", tiny_model("llama"), "--to", "gguf:Q8_0", "--to", "gguf:q8_0", "--name", "m", "--json")
     assert r.exit_code == 2 and "given twice" in r.json["error"]["message"]
     assert not (store_root / "models" / "m").exists()
+
+
+def test_a_short_read_is_refused_not_zero_filled(tmp_path: Path) -> None:
+    import numpy as np
+
+    from converters.gguf_model import UnsupportedModel, pread_exact
+
+    path = tmp_path / "short.safetensors"
+    path.write_bytes(bytes(range(10)))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buf = np.empty(4, np.uint16)
+        pread_exact(fd, buf, 2)
+        assert bytes(buf.data) == bytes(range(2, 10))
+        with pytest.raises(UnsupportedModel, match="shorter than its header"):
+            pread_exact(fd, np.empty(4, np.uint16), 4)
+    finally:
+        os.close(fd)
