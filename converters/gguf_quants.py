@@ -211,10 +211,25 @@ def _ggml_quantize_chunk() -> Callable[..., int] | None:
     return fn
 
 
+@functools.cache
+def _ggml_cpu_converter(qtype: str) -> Callable[..., None] | None:
+    """ggml-cpu's vectorized float32 -> F16/BF16 row converter (same bytes as numpy's rounding), or None."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        return None
+    lib_path = Path(spec.origin).parent / "lib" / "libggml-cpu.so"
+    if not lib_path.is_file():
+        return None
+    fn = getattr(ctypes.CDLL(str(lib_path)), {"F16": "ggml_cpu_fp32_to_fp16", "BF16": "ggml_cpu_fp32_to_bf16"}[qtype])
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    return fn  # type: ignore[no-any-return]
+
+
 def backend(qtype: str) -> str:
     """Which implementation encodes `qtype` here: "numpy", or "ggml" (the same bytes, from C, in parallel)."""
-    # F16 and BF16 too: ggml's converters use the CPU's conversion instructions (1.6 vs 2.5 ns per value
-    # for F16, 0.3 vs 6.6 for BF16, measured here), with the same rounding; F32 is a copy.
+    # F16 and BF16 too: ggml-cpu's converters use the CPU's conversion instructions (0.09 ns per value
+    # against 2.5 for numpy's F16 and 6.6 for its BF16, measured here), with the same rounding; F32 is a copy.
     return "ggml" if qtype != "F32" and _ggml_quantize_chunk() is not None else "numpy"
 
 
@@ -225,6 +240,10 @@ def quantize(rows: Floats, qtype: str, use: str | None = None) -> Bytes:
     if ncols % block:
         raise ValueError(f"{qtype} needs rows of a multiple of {block} elements, got {ncols}")
     rows = np.ascontiguousarray(rows, dtype=F32)
+    if (use or backend(qtype)) == "ggml" and qtype in ("F16", "BF16") and (convert := _ggml_cpu_converter(qtype)):
+        halves = np.empty((nrows, ncols), dtype=np.uint16)
+        convert(rows.ctypes.data, halves.ctypes.data, rows.size)  # ctypes releases the GIL here too
+        return halves.view(np.uint8)
     if (use or backend(qtype)) == "ggml":
         fn = _ggml_quantize_chunk()
         assert fn is not None

@@ -170,3 +170,4 @@ def test_float_encoders_agree_on_extremes(qtype: str) -> None:
         (np.arange(184) + 0.5) * 2.0 ** -10,  # halfway cases round to even
     ]).astype(np.float32).reshape(-1, 256)
     assert np.array_equal(quantize(x, qtype, use="numpy"), ggml_quantize(x, qtype))
+    assert np.array_equal(quantize(x, qtype, use="ggml"), ggml_quantize(x, qtype)), "ggml-cpu's vectorized converter"
