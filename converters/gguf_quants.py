@@ -193,18 +193,22 @@ def encoder(qtype: str) -> Callable[[Floats], Bytes]:
     return table[qtype]
 
 
-@functools.cache
-def _ggml_quantize_chunk() -> Callable[..., int] | None:
-    """llama.cpp's ggml_quantize_chunk from an installed llama-cpp-python, unless MREG_GGUF_QUANTIZER=numpy."""
-    if os.environ.get("MREG_GGUF_QUANTIZER", "auto") == "numpy":
-        return None
+def _llama_cpp_lib(name: str) -> ctypes.CDLL | None:
+    """One of the ggml libraries an installed llama-cpp-python ships, or None."""
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or spec.origin is None:
         return None
-    lib_path = Path(spec.origin).parent / "lib" / "libggml-base.so"
-    if not lib_path.is_file():
+    path = Path(spec.origin).parent / "lib" / name
+    return ctypes.CDLL(str(path)) if path.is_file() else None
+
+
+@functools.cache
+def _ggml_quantize_chunk() -> Callable[..., int] | None:
+    """llama.cpp's ggml_quantize_chunk from an installed llama-cpp-python, unless MREG_GGUF_QUANTIZER=numpy."""
+    lib = None if os.environ.get("MREG_GGUF_QUANTIZER", "auto") == "numpy" else _llama_cpp_lib("libggml-base.so")
+    if lib is None:
         return None
-    fn = ctypes.CDLL(str(lib_path)).ggml_quantize_chunk
+    fn = lib.ggml_quantize_chunk
     fn.restype = ctypes.c_size_t
     fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                    ctypes.c_void_p]
@@ -214,13 +218,10 @@ def _ggml_quantize_chunk() -> Callable[..., int] | None:
 @functools.cache
 def _ggml_cpu_converter(qtype: str) -> Callable[..., None] | None:
     """ggml-cpu's vectorized float32 -> F16/BF16 row converter (same bytes as numpy's rounding), or None."""
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or spec.origin is None:
+    lib = _llama_cpp_lib("libggml-cpu.so")
+    if lib is None:
         return None
-    lib_path = Path(spec.origin).parent / "lib" / "libggml-cpu.so"
-    if not lib_path.is_file():
-        return None
-    fn = getattr(ctypes.CDLL(str(lib_path)), {"F16": "ggml_cpu_fp32_to_fp16", "BF16": "ggml_cpu_fp32_to_bf16"}[qtype])
+    fn = getattr(lib, {"F16": "ggml_cpu_fp32_to_fp16", "BF16": "ggml_cpu_fp32_to_bf16"}[qtype])
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return fn  # type: ignore[no-any-return]
