@@ -39,6 +39,17 @@ class ConversionRequest:
     #: A directory in the store where a converter may keep what speeds up rebuilds (never part of a version).
     cache_dir: Path | None = None
 
+    def link_source(self, directory: Path) -> Path:
+        """Lay the source out under `directory` as the repository has it (symlinks to the cache's blobs).
+
+        The cache hands out blobs; transformers, tokenizer and config readers want the repository's layout.
+        """
+        for f in self.source.files:
+            link = directory / f.path
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(self.source_files(f.path))
+        return directory
+
 
 @dataclass(frozen=True)
 class ConversionResult:
@@ -68,6 +79,14 @@ class Converter(Protocol):
 
     # Optional: `convert_many(requests) -> list[ConversionResult]` makes several targets of the format
     # (same source, same workdir) in one pass; each result's known_digests names every file it wrote.
+
+
+def spec_of(fmt: str, raw: dict[str, Any], hint: str) -> str:
+    """The `SPEC` of `--to FMT:SPEC` ("" when absent); raw options are `{"spec": ...}` and nothing else."""
+    extra = set(raw) - {"spec"}
+    if extra:
+        raise UsageError(f"--to {fmt} takes only a spec (got {', '.join(sorted(extra))})", hint=hint)
+    return str(raw.get("spec") or "")
 
 
 class StageFailed(MregError):

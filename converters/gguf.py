@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from converters import ConversionRequest, ConversionResult
+from converters import ConversionRequest, ConversionResult, spec_of
 from converters.gguf_file import HashingWriter, TensorInfo, header
 from converters.gguf_mix import FILE_TYPES, MixParams, TensorChoice, choose_types
 from converters.gguf_model import ModelPlan, SafetensorsReader, TensorPlan, UnsupportedModel, load_weights, plan_model
@@ -70,6 +70,11 @@ def _tensor_infos(model: ModelPlan, choices: list[TensorChoice]) -> list[TensorI
 
 def plan(directory: Path, safetensors: list[Path], file_type: str, name: str) -> GGUFPlan:
     """Read config, tokenizer and safetensors headers; choose every tensor's type; no output yet."""
+    return plans(directory, safetensors, [file_type], name)[0]
+
+
+def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], name: str) -> list[GGUFPlan]:
+    """One plan per type; config, headers and tokenizer are read once for all of them."""
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise UnsupportedModel("the snapshot has no config.json", hint="GGUF needs the model's config.json")
@@ -80,12 +85,14 @@ def plan(directory: Path, safetensors: list[Path], file_type: str, name: str) ->
     model = plan_model(config, load_weights(safetensors), name)
     vocab = load_vocab(directory, model.vocab_size)
     is_70b = model.architecture in ("llama", "qwen2") and model.n_layer == 80
-    choices = choose_types(file_type, [(t.name, t.shape) for t in model.tensors],
-                           MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b))
-    arch_meta = model.metadata[:3]
-    metadata = [*arch_meta, ("general.file_type", FILE_TYPES[file_type][1]),
-                ("general.quantization_version", QUANTIZATION_VERSION), *model.metadata[3:], *vocab.metadata()]
-    return GGUFPlan(file_type, model, vocab, choices, _tensor_infos(model, choices), metadata)
+    out = []
+    for file_type in file_types:
+        choices = choose_types(file_type, [(t.name, t.shape) for t in model.tensors],
+                               MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b))
+        metadata = [*model.metadata[:3], ("general.file_type", FILE_TYPES[file_type][1]),
+                    ("general.quantization_version", QUANTIZATION_VERSION), *model.metadata[3:], *vocab.metadata()]
+        out.append(GGUFPlan(file_type, model, vocab, choices, _tensor_infos(model, choices), metadata))
+    return out
 
 
 def _chunks(t: TensorPlan, reader: SafetensorsReader) -> Iterator[tuple[int, int]]:
@@ -150,7 +157,7 @@ def _jobs(model: ModelPlan, reader: SafetensorsReader) -> Iterator[tuple[int, Te
             yield i, t, start, stop
 
 
-def write(plans: Sequence[GGUFPlan], dests: Sequence[Path], reader: SafetensorsReader, workers: int,
+def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: SafetensorsReader, workers: int,
           progress: Progress | None = None) -> list[tuple[str, list[EncodedTensor]]]:
     """Stream one file per plan (same model, other types) from one read of the source.
 
@@ -158,11 +165,11 @@ def write(plans: Sequence[GGUFPlan], dests: Sequence[Path], reader: SafetensorsR
     every file, which is hashed on the way; the pool runs only a few chunks ahead of the writer.
     """
     progress = progress or NoProgress()
-    stats = [[_Stats() for _ in p.infos] for p in plans]
+    stats = [[_Stats() for _ in p.infos] for p in planned]
     with contextlib.ExitStack() as stack:
         outs = [stack.enter_context(HashingWriter(d)) for d in dests]
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers))
-        for p, out in zip(plans, outs, strict=True):
+        for p, out in zip(planned, outs, strict=True):
             out.write(header(p.metadata, p.infos))
         current = 0
         pending: deque[tuple[int, Future[list[Encoded]]]] = deque()
@@ -184,9 +191,9 @@ def write(plans: Sequence[GGUFPlan], dests: Sequence[Path], reader: SafetensorsR
                     out.write(raw)
                     progress.advance(len(raw))
 
-        model = plans[0].model
+        model = planned[0].model
         for i, t, start, stop in _jobs(model, reader):
-            qtypes = [p.choices[i].qtype for p in plans]
+            qtypes = [p.choices[i].qtype for p in planned]
             pending.append((i, pool.submit(_read_and_encode, reader, t, qtypes, start, stop)))
             drain(2 * workers)
         drain(0)
@@ -198,7 +205,7 @@ def write(plans: Sequence[GGUFPlan], dests: Sequence[Path], reader: SafetensorsR
     return [(digest, [EncodedTensor(info, choice, st.head, st.tail, (st.err2 / st.sig2) ** 0.5 if st.sig2 else 0.0,
                                     st.maxerr)
                       for info, choice, st in zip(p.infos, p.choices, pstats, strict=True)])
-            for digest, p, pstats in zip(digests, plans, stats, strict=True)]
+            for digest, p, pstats in zip(digests, planned, stats, strict=True)]
 
 
 class GGUFConverter:
@@ -210,11 +217,7 @@ class GGUFConverter:
 
     def options(self, raw: dict[str, Any]) -> dict[str, Any]:
         """`{"spec": "Q4_K_M"}` -> `{"type": "Q4_K_M"}`; F16 when no type is given."""
-        extra = set(raw) - {"spec"}
-        if extra:
-            raise UsageError(f"--to gguf takes only a type (got {', '.join(sorted(extra))})",
-                             hint="use --to gguf:Q4_K_M")
-        spec = str(raw.get("spec") or DEFAULT_TYPE).upper()
+        spec = (spec_of("gguf", raw, hint="use --to gguf:Q4_K_M") or DEFAULT_TYPE).upper()
         if spec not in FILE_TYPES:
             raise UsageError(f"unknown GGUF type {raw.get('spec')!r}",
                              hint=f"valid types: {', '.join(FILE_TYPES)}")
@@ -240,13 +243,7 @@ class GGUFConverter:
         """Several types of one source (same work directory) from one read of its tensors."""
         first = requests[0]
         with tempfile.TemporaryDirectory(prefix="mreg-gguf-") as tmp:
-            # The cache hands out blobs; tokenizer and config readers want the repository's layout.
-            directory = Path(tmp)
-            for f in first.source.files:
-                link = directory / f.path
-                link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(first.source_files(f.path))
-            return self._convert(requests, directory)
+            return self._convert(requests, first.link_source(Path(tmp)))
 
     def _convert(self, requests: Sequence[ConversionRequest], directory: Path) -> list[ConversionResult]:
         from converters import gguf_verify
@@ -256,28 +253,28 @@ class GGUFConverter:
         # The model's name in the store, so the engine's path is the same from one version to the next.
         base = first.name or first.source.repo.rstrip("/").split("/")[-1] or "model"
         types = [r.options["type"] for r in requests]  # distinct: registry.convert refuses a target given twice
-        plans = [plan(directory, shards, t, base) for t in types]
+        planned = plans(directory, shards, types, base)
         dests = [r.workdir / f"{base}-{t}.gguf" for r, t in zip(requests, types, strict=True)]
         reader = SafetensorsReader()
-        size = sum(i.nbytes for p in plans for i in p.infos)
+        size = sum(i.nbytes for p in planned for i in p.infos)
         first.progress.start(", ".join(d.name for d in dests), size)
         t0 = time.monotonic()
         try:
-            written = write(plans, dests, reader, max(1, os.cpu_count() or 1), first.progress)
+            written = write(planned, dests, reader, max(1, os.cpu_count() or 1), first.progress)
         finally:
             reader.close()
             first.progress.done()
         write_s = time.monotonic() - t0
         results = []
         # Several types of one source share the reference forward pass: the first file's check saves it.
-        cache = directory / ".mreg-reference.npz" if len(plans) > 1 else None
-        for p, dest, (digest, encoded) in zip(plans, dests, written, strict=True):
+        cache = directory / ".mreg-reference.npz" if len(planned) > 1 else None
+        for p, dest, (digest, encoded) in zip(planned, dests, written, strict=True):
             t1 = time.monotonic()
             verification = gguf_verify.verify(dest, p, encoded, directory, first.source, cache)
             metrics = {**verification.metrics, "write_seconds": round(write_s, 3),
                        "verify_seconds": round(time.monotonic() - t1, 3)}
-            if len(plans) > 1:
-                metrics["files_written_together"] = float(len(plans))
+            if len(planned) > 1:
+                metrics["files_written_together"] = float(len(planned))
             results.append(self._result(p, dest, digest, encoded, verification.model_copy(update={"metrics": metrics})))
         return results
 

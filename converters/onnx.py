@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from converters import ConversionRequest, ConversionResult, stage
+from converters import ConversionRequest, ConversionResult, spec_of, stage
 from manifests import Format
 from registry.errors import UsageError
 from registry.progress import Progress
@@ -114,10 +114,7 @@ class ONNXConverter:
 
     def options(self, raw: dict[str, Any]) -> dict[str, Any]:
         """`{"spec": "fp16,with-past"}` -> `{"dtype": "fp16", "quantize": None, "optimize": False, ...}`."""
-        extra = set(raw) - {"spec"}
-        if extra:
-            raise UsageError(f"--to onnx takes only a spec (got {', '.join(sorted(extra))})", hint=GRAMMAR)
-        return parse_spec(str(raw.get("spec") or ""))
+        return parse_spec(spec_of("onnx", raw, GRAMMAR))
 
     def tool_versions(self) -> dict[str, str]:
         """The libraries whose output the artifact depends on, and the format versions it is written in."""
@@ -146,13 +143,7 @@ class ONNXConverter:
         _require()
         with tempfile.TemporaryDirectory(prefix="mreg-onnx-src-") as src, \
                 tempfile.TemporaryDirectory(prefix=".onnx-", dir=request.workdir.parent) as tmp:
-            # The cache hands out blobs; transformers wants the repository's layout.
-            directory = Path(src)
-            for f in request.source.files:
-                link = directory / f.path
-                link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(request.source_files(f.path))
-            return self._convert(request, directory, Path(tmp))
+            return self._convert(request, request.link_source(Path(src)), Path(tmp))
 
     def _convert(self, request: ConversionRequest, directory: Path, tmp: Path) -> ConversionResult:
         from converters import onnx_export as ex

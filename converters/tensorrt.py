@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
-from converters import ConversionRequest, ConversionResult, stage
+from converters import ConversionRequest, ConversionResult, spec_of, stage
 from converters.tensorrt_binding import (
     PLAN_FILE,
     RECORD_FILE,
@@ -143,10 +143,7 @@ class TensorRTConverter:
 
     def options(self, raw: dict[str, Any]) -> dict[str, Any]:
         """`{"spec": "target=sm_86,precision=fp16"}` -> the normalized options (part of the conversion key)."""
-        extra = set(raw) - {"spec"}
-        if extra:
-            raise UsageError(f"--to tensorrt takes only a spec (got {', '.join(sorted(extra))})", hint=GRAMMAR)
-        return finish_options(parse_spec(str(raw.get("spec") or "")))
+        return finish_options(parse_spec(spec_of("tensorrt", raw, GRAMMAR)))
 
     def tool_versions(self) -> dict[str, str]:
         """Versions of both backends' packages where installed (metadata only), and the fp16 converter's."""

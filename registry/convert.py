@@ -47,9 +47,13 @@ def conversion_key(source: SourceInfo, targets: Sequence[tuple[str, str, str, di
 
 def check_targets(targets: Sequence[tuple[str, dict[str, Any]]]) -> None:
     """Refuse unknown formats, bad options and a target given twice (cheap: no heavy import), before any download."""
+    _refuse_repeats([(fmt, converters.get(fmt).options(raw)) for fmt, raw in targets])
+
+
+def _refuse_repeats(normalized: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """A target given twice with the same normalized options (gguf:Q8_0 and gguf:q8_0) is a usage error."""
     seen: set[str] = set()
-    for fmt, raw in targets:
-        options = converters.get(fmt).options(raw)
+    for fmt, options in normalized:
         key = json.dumps([fmt, options], sort_keys=True)
         if key in seen:
             spec = ",".join(f"{k}={v}" for k, v in sorted(options.items()))
@@ -74,7 +78,6 @@ def convert(
     ONNX) finds it among them, or has it made first with default options.
     """
     check_name(name)
-    check_targets(targets)
     progress = progress or NoProgress()
     started = time.monotonic()
     requested = [fmt for fmt, _ in targets]
@@ -90,6 +93,7 @@ def convert(
     for fmt, raw in ordered:
         conv = converters.get(fmt)
         plan.append((conv, conv.options(raw), conv.tool_versions()))
+    _refuse_repeats([(c.format, opts) for c, opts, _ in plan])
     key = conversion_key(
         snapshot.record.source,
         [(a.format, a.converter.name, a.converter.version, a.options, a.tool_versions) for a in carried]

@@ -12,23 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from convert_cli import artifact, convert
 
 gguf = pytest.importorskip("gguf")
 
 
 def _convert(mreg: Any, src: Path, spec: str, name: str = "m") -> dict[str, Any]:
-    r = mreg("convert", src, "--to", f"gguf:{spec}", "--name", name, "--json")
-    assert r.exit_code == 0, r.stderr + r.stdout
-    doc: dict[str, Any] = r.json
-    return doc
+    return convert(mreg, src, f"gguf:{spec}", name)
 
 
 def _version(store_root: Path, name: str, number: int) -> tuple[dict[str, Any], Path]:
-    vdir = store_root / "models" / name / "versions" / str(number)
-    manifest = json.loads((vdir / "manifest.json").read_text())
-    (artifact,) = [a for a in manifest["artifacts"] if a["format"] == "gguf"]
-    (entry,) = artifact["files"]
-    return artifact, vdir / "gguf" / entry["path"]
+    """The gguf artifact of a version and the path of its one file."""
+    art, tree = artifact(store_root, name, number, "gguf")
+    (entry,) = art["files"]
+    return art, tree / entry["path"]
 
 
 def _field(reader: Any, key: str) -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from onnx_cli import artifact, convert
+from convert_cli import artifact, convert
 
 from converters.onnx import CONVERTER, GRAMMAR, parse_spec
 from registry.errors import UsageError
@@ -141,9 +141,9 @@ def test_encoder_exports_verifies_and_is_reused(mreg: Any, bert: Path, store_roo
     import onnx
     import onnxruntime as ort
 
-    doc = convert(mreg, bert)
+    doc = convert(mreg, bert, "onnx")
     assert doc["verification"] == {"onnx": "passed"} and doc["reused"] is False
-    art, tree = artifact(store_root, "m", doc["version"])
+    art, tree = artifact(store_root, "m", doc["version"], "onnx")
     paths = {f["path"] for f in art["files"]}
     assert {"model.onnx", "model.onnx.data", "config.json", "tokenizer.json", "vocab.txt"} <= paths
     assert art["options"] == _opts()
@@ -170,11 +170,11 @@ def test_encoder_exports_verifies_and_is_reused(mreg: Any, bert: Path, store_roo
     (out,) = sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": ids * 0})
     assert out.shape == (4, 9, 32) and np.isfinite(out).all()
 
-    again = convert(mreg, bert)
+    again = convert(mreg, bert, "onnx")
     assert again["reused"] is True and again["version"] == doc["version"], "same inputs and options: no new work"
-    fp16 = convert(mreg, bert, "fp16")
+    fp16 = convert(mreg, bert, "onnx:fp16")
     assert fp16["version"] == doc["version"] + 1 and fp16["key"] != doc["key"], "an option is part of the key"
-    art16, tree16 = artifact(store_root, "m", fp16["version"])
+    art16, tree16 = artifact(store_root, "m", fp16["version"], "onnx")
     assert art16["options"]["dtype"] == "fp16" and art16["verification"]["status"] == "passed"
     m16, tol16 = art16["verification"]["metrics"], art16["verification"]["tolerance"]
     assert m16["last_hidden_state.min_cosine"] >= tol16["last_hidden_state.min_cosine"] == 0.999
@@ -190,8 +190,8 @@ def test_encoder_exports_verifies_and_is_reused(mreg: Any, bert: Path, store_roo
 def test_int8_with_offline_optimization(mreg: Any, bert: Path, store_root: Path) -> None:
     import onnx
 
-    doc = convert(mreg, bert, "optimize,int8")
-    art, tree = artifact(store_root, "m", doc["version"])
+    doc = convert(mreg, bert, "onnx:optimize,int8")
+    art, tree = artifact(store_root, "m", doc["version"], "onnx")
     assert art["options"] == _opts(quantize="int8", optimize=True)
     v = art["verification"]
     assert v["status"] == "passed" and "int8 thresholds" in v["method"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from onnx_cli import artifact, convert
+from convert_cli import artifact, convert
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -24,8 +24,8 @@ def test_logits_with_dynamic_axes(kind: str, mreg: Any, store_root: Path, tiny_m
     import numpy as np
     import onnxruntime as ort
 
-    doc = convert(mreg, tiny_model(kind))
-    art, tree = artifact(store_root, "m", doc["version"])
+    doc = convert(mreg, tiny_model(kind), "onnx")
+    art, tree = artifact(store_root, "m", doc["version"], "onnx")
     v = art["verification"]
     assert v["status"] == "passed" and "generation.tokens" not in v["metrics"]
     m = v["metrics"]
@@ -44,8 +44,8 @@ def test_logits_with_dynamic_axes(kind: str, mreg: Any, store_root: Path, tiny_m
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
 def test_with_past_generates_like_transformers(kind: str, mreg: Any, store_root: Path,
                                                tiny_model: Callable[..., Path]) -> None:
-    doc = convert(mreg, tiny_model(kind), "with-past")
-    art, tree = artifact(store_root, "m", doc["version"])
+    doc = convert(mreg, tiny_model(kind), "onnx:with-past")
+    art, tree = artifact(store_root, "m", doc["version"], "onnx")
     assert art["options"]["with_past"] is True
     v = art["verification"]
     m, tol = v["metrics"], v["tolerance"]
@@ -89,8 +89,8 @@ def test_fp16_with_past_keeps_a_float16_cache(mreg: Any, store_root: Path,
                                               tiny_model: Callable[..., Path]) -> None:
     import onnx
 
-    doc = convert(mreg, tiny_model("llama"), "with-past,fp16")
-    art, tree = artifact(store_root, "m", doc["version"])
+    doc = convert(mreg, tiny_model("llama"), "onnx:with-past,fp16")
+    art, tree = artifact(store_root, "m", doc["version"], "onnx")
     v = art["verification"]
     assert v["status"] == "passed" and "fp16 thresholds" in v["method"]
     assert v["metrics"]["logits.min_cosine"] >= v["tolerance"]["logits.min_cosine"] == 0.999
@@ -104,8 +104,8 @@ def test_fp16_with_past_keeps_a_float16_cache(mreg: Any, store_root: Path,
 
 
 def test_int8_optimized_decoder(mreg: Any, store_root: Path, tiny_model: Callable[..., Path]) -> None:
-    doc = convert(mreg, tiny_model("qwen2"), "with-past,int8,optimize")
-    art, _ = artifact(store_root, "m", doc["version"])
+    doc = convert(mreg, tiny_model("qwen2"), "onnx:with-past,int8,optimize")
+    art, _ = artifact(store_root, "m", doc["version"], "onnx")
     v = art["verification"]
     assert v["status"] == "passed" and "int8 thresholds" in v["method"]
     assert v["metrics"]["logits.top1_agreement"] >= v["tolerance"]["logits.top1_agreement"] == 0.8
@@ -123,8 +123,8 @@ def test_with_past_is_refused_for_an_encoder(mreg: Any, tmp_path: Path) -> None:
 def test_torchscript_exporter_is_verified_like_dynamo(kind: str, mreg: Any, store_root: Path,
                                                       tiny_model: Callable[..., Path]) -> None:
     """The traced graph must generate like transformers from the published tree, one token at a time."""
-    doc = convert(mreg, tiny_model(kind), "with-past,torchscript")
-    art, tree = artifact(store_root, "m", doc["version"])
+    doc = convert(mreg, tiny_model(kind), "onnx:with-past,torchscript")
+    art, tree = artifact(store_root, "m", doc["version"], "onnx")
     v = art["verification"]
     assert art["options"]["exporter"] == "torchscript" and v["status"] == "passed"
     assert v["metrics"]["generation.tokens_equal"] == 1.0 and v["metrics"]["logits.max_abs_diff"] <= 1e-4
@@ -133,6 +133,6 @@ def test_torchscript_exporter_is_verified_like_dynamo(kind: str, mreg: Any, stor
 
 def test_sentencepiece_tokenizer_checkpoint(mreg: Any, store_root: Path, tiny_model: Callable[..., Path]) -> None:
     """A Llama-2-style checkpoint with only tokenizer.model: transformers must read it (protobuf >= 7.36)."""
-    doc = convert(mreg, tiny_model("llama-spm"))
-    art, tree = artifact(store_root, "m", doc["version"])
+    doc = convert(mreg, tiny_model("llama-spm"), "onnx")
+    art, tree = artifact(store_root, "m", doc["version"], "onnx")
     assert art["verification"]["status"] == "passed" and (tree / "tokenizer.model").is_file()
