@@ -58,6 +58,14 @@ def _versions(mreg: Any, model_dir: Path, name: str, n: int) -> None:
         assert mreg("convert", model_dir, "--to", "hf", "--name", name).exit_code == 0
 
 
+def _three_pushed_first_promoted(mreg: Any, model_dir: Path, remote_url: str) -> None:
+    """m@1..3 pushed to the remote, production -> 1 there."""
+    _versions(mreg, model_dir, "m", 3)
+    for v in (1, 2, 3):
+        mreg("push", f"m@{v}", remote_url)
+    mreg("promote", "m@1", "--store", remote_url)
+
+
 def test_push_promote_rollback_verify(mreg: Any, model_dir: Path, remote_url: str) -> None:
     _versions(mreg, model_dir, "m", 2)
     first = mreg("push", "m@1", remote_url, "--json")
@@ -85,10 +93,7 @@ def test_push_promote_rollback_verify(mreg: Any, model_dir: Path, remote_url: st
 
 def test_no_lost_update_under_ten_concurrent_promoters(mreg: Any, model_dir: Path, remote_url: str,
                                                       s3env: dict[str, str], tmp_path: Path) -> None:
-    _versions(mreg, model_dir, "m", 3)
-    for v in (1, 2, 3):
-        mreg("push", f"m@{v}", remote_url)
-    mreg("promote", "m@1", "--store", remote_url)
+    _three_pushed_first_promoted(mreg, model_dir, remote_url)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=workers.s3_promoter, args=(remote_url, "m", [1, 2, 3], 6, seed,
                                                            str(tmp_path / f"p{seed}.json")))
@@ -162,10 +167,7 @@ def test_sigkill_during_push(mreg: Any, tmp_path: Path, remote_url: str, s3env: 
 
 def test_sync_follows_the_alias_under_a_promotion_storm(mreg: Any, model_dir: Path, remote_url: str,
                                                        s3env: dict[str, str], tmp_path: Path) -> None:
-    _versions(mreg, model_dir, "m", 3)
-    for v in (1, 2, 3):
-        mreg("push", f"m@{v}", remote_url)
-    mreg("promote", "m@1", "--store", remote_url)
+    _three_pushed_first_promoted(mreg, model_dir, remote_url)
     node = tmp_path / "node"
     env = {**os.environ, **s3env}
     watcher = subprocess.Popen([str(Path(sys.executable).parent / "mreg"), "sync", remote_url, "m", "--store",
@@ -276,10 +278,7 @@ def test_sync_is_idempotent_and_local_only_commands_refuse_s3(mreg: Any, model_d
 
 def test_a_lost_race_through_the_cli_exits_5(mreg: Any, model_dir: Path, remote_url: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    _versions(mreg, model_dir, "m", 3)
-    for v in (1, 2, 3):
-        mreg("push", f"m@{v}", remote_url)
-    mreg("promote", "m@1", "--store", remote_url)
+    _three_pushed_first_promoted(mreg, model_dir, remote_url)
     real = S3Store.alias_record
     raced = []
 
