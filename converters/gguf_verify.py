@@ -58,12 +58,31 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def check_file(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor]) -> list[str]:
-    """Problems found re-reading the file with gguf's reader (empty when it is what was planned)."""
+def gguf_reader(path: Path) -> Any:
+    """gguf's reader, parsing through a plain ndarray view of its map.
+
+    Its parser slices the map once or more per vocabulary entry; on `np.memmap` every slice runs
+    memmap's Python-level hooks, 60% of the parse of a 32 000-token vocabulary (1.04 s against 0.39).
+    The view keeps the map alive and is read the same way.
+    """
     import gguf
 
+    class Reader(gguf.GGUFReader):
+        @property
+        def data(self) -> Any:
+            return self._plain
+
+        @data.setter
+        def data(self, mapped: Any) -> None:
+            self._plain = np.asarray(mapped)
+
+    return Reader(path)
+
+
+def check_file(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor]) -> list[str]:
+    """Problems found re-reading the file with gguf's reader (empty when it is what was planned)."""
     problems: list[str] = []
-    reader = gguf.GGUFReader(path)
+    reader = gguf_reader(path)
     tensors = {t.name: t for t in reader.tensors}
     if len(reader.tensors) != len(encoded):
         problems.append(f"{len(reader.tensors)} tensors in the file, {len(encoded)} written")

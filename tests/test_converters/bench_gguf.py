@@ -1,7 +1,7 @@
 """GGUF conversion benchmark (run by `python tests/bench.py --only gguf`, part of `nox -s bench`).
 
 A 1.1 B-parameter llama in the TinyLlama shape (hidden 2048, 22 layers, 32 heads, 4 KV heads,
-intermediate 5632, vocab 32000, a SentencePiece tokenizer), bf16, random weights, is pulled into
+intermediate 5632, vocab 32000, Llama 2's SentencePiece tokenizer), bf16, random weights, is pulled into
 the cache once; then `mreg convert --to gguf:F16 | Q8_0 | Q4_K_M` runs as a process whose tree is
 sampled for memory (see `_timed`), beside `cp` of the same input, llama.cpp's `convert_hf_to_gguf.py`
 (from the llama-cpp-python source package) to F16 and Q8_0, and llama.cpp's `llama_model_quantize`
@@ -42,14 +42,25 @@ def _random_bf16(shape: tuple[int, ...], seed: int) -> Callable[[BinaryIO], None
     return write
 
 
-def build_tinyllama(dest: Path) -> Path:
-    """The TinyLlama-shaped bf16 checkpoint: tokenizer and config from tiny_models, weights streamed to disk."""
-    from test_converters.conftest import build_spm_llama
-    from tiny_models import write_safetensors
+def build_tinyllama(dest: Path, llama_cpp: Path | None) -> tuple[Path, str]:
+    """The TinyLlama-shaped bf16 checkpoint, weights streamed to disk, and which tokenizer it has.
 
-    # TinyLlama's tokenizer is SentencePiece, which is also what llama.cpp's converter reads without a
-    # registry of known BPE pre-tokenizers.
-    build_spm_llama(dest, dtype="bfloat16")
+    TinyLlama's tokenizer is Llama 2's SentencePiece model (32 000 pieces); llama.cpp's vocabulary
+    file of it, written back as tokenizer.model, is that tokenizer. Without llama.cpp's source, a
+    SentencePiece model trained on the test corpus stands in (400 pieces: the prompt that verification
+    evaluates is then twice as many tokens).
+    """
+    from llama_cpp_source import read_vocab, write_tokenizer
+    from test_converters.conftest import build_spm_llama
+    from tiny_models import build_tiny_llama, write_safetensors
+
+    if llama_cpp is not None:
+        build_tiny_llama(dest, dtype="bfloat16")
+        write_tokenizer(read_vocab(llama_cpp, "llama-spm"), dest)
+        tokenizer = "Llama 2's SentencePiece (32000 pieces), from llama.cpp's models/ggml-vocab-llama-spm.gguf"
+    else:
+        build_spm_llama(dest, dtype="bfloat16")
+        tokenizer = "SentencePiece trained on the test corpus (400 pieces): llama.cpp's source unavailable"
     for p in dest.glob("*.safetensors*"):
         p.unlink()
     c = TINYLLAMA
@@ -91,7 +102,7 @@ def build_tinyllama(dest: Path) -> Path:
     config = json.loads((dest / "config.json").read_text())
     config.update(TINYLLAMA, head_dim=h // c["num_attention_heads"], tie_word_embeddings=False)
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    return dest
+    return dest, tokenizer
 
 
 def _tree(pid: int) -> list[int]:
@@ -196,31 +207,6 @@ def _llama_quantize(src: Path, dest: Path, env: dict[str, str], ftype: int = 15)
     return round(wall, 2)
 
 
-def _llama_cpp_converter(work: Path) -> Path | None:
-    """llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python source package (PyPI), or None."""
-    import tarfile
-    from importlib import metadata
-
-    root = work / "llama.cpp"
-    if (root / "convert_hf_to_gguf.py").is_file():
-        return root
-    try:
-        version = metadata.version("llama-cpp-python")
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                        "-d", str(work / "sdist"), f"llama-cpp-python=={version}"], check=True, capture_output=True)
-    except (metadata.PackageNotFoundError, subprocess.CalledProcessError):
-        return None
-    (archive,) = (work / "sdist").glob("llama_cpp_python-*.tar.gz")
-    with tarfile.open(archive) as tar:
-        prefix = tar.getnames()[0].split("/")[0] + "/vendor/llama.cpp/"
-        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile() and
-                   (m.name.endswith(".py") or "/gguf-py/" in m.name)]
-        for m in members:
-            m.name = m.name[len(prefix):]
-        tar.extractall(root, members=members, filter="data")
-    return root if (root / "convert_hf_to_gguf.py").is_file() else None
-
-
 def _mreg_convert(mreg: str, src: Path, types: tuple[str, ...], name: str, env: dict[str, str],
                   work: Path) -> tuple[float, dict[str, float], list[dict[str, Any]]]:
     targets = [a for t in types for a in ("--to", f"gguf:{t}")]
@@ -233,15 +219,22 @@ def _mreg_convert(mreg: str, src: Path, types: tuple[str, ...], name: str, env: 
 
 def bench_gguf(work: Path, results: dict[str, Any]) -> None:
     """mreg convert to F16, Q8_0 and Q4_K_M on a 1.1 B bf16 llama, against cp and llama.cpp's own tools."""
-    src = build_tinyllama(work / "tinyllama")
+    from llama_cpp_source import Unavailable, source
+
+    try:
+        llama_cpp: Path | None = source(work / "llama-cpp-source")
+    except Unavailable as e:
+        print(f"gguf: no llama.cpp source ({e}): no convert_hf_to_gguf.py figures", flush=True)
+        llama_cpp = None
+    src, tokenizer = build_tinyllama(work / "tinyllama", llama_cpp)
     nbytes = sum(p.stat().st_size for p in src.iterdir())
     mreg = str(Path(sys.executable).parent / "mreg")
     env = {**os.environ, "MREG_CACHE_DIR": str(work / "gguf-cache"), "MREG_STORE": str(work / "gguf-store")}
     t_cp, _, _ = _timed(["cp", "-r", str(src), str(work / "cp-copy")], env)
     t_pull, mem_pull, _ = _timed([mreg, "pull", str(src), "--json"], env)
-    out: dict[str, Any] = {"source_bytes": nbytes, "cp_s": round(t_cp, 2), "pull_s": round(t_pull, 2),
+    out: dict[str, Any] = {"tokenizer": tokenizer, "source_bytes": nbytes, "cp_s": round(t_cp, 2),
+                           "pull_s": round(t_pull, 2),
                            "pull_memory": mem_pull}
-    llama_cpp = _llama_cpp_converter(work)
     for qtype in TYPES:
         # Twice each for F16 and Q8_0 (mreg and llama.cpp alike), the faster run kept: this disk's
         # writeback makes single runs vary by a second. Each run starts after a sync.
