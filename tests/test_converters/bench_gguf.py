@@ -11,12 +11,13 @@ from mreg's F16 file (the second step of the reference path to Q4_K_M); last, al
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -102,6 +103,9 @@ def build_tinyllama(dest: Path, llama_cpp: Path | None) -> tuple[Path, str]:
     config = json.loads((dest / "config.json").read_text())
     config.update(TINYLLAMA, head_dim=h // c["num_attention_heads"], tie_word_embeddings=False)
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    old = time.time() - 3600  # a checkpoint at rest: files written seconds before a pull are re-hashed next time
+    for f in dest.iterdir():
+        os.utime(f, (old, old))
     return dest, tokenizer
 
 
@@ -128,15 +132,33 @@ def _status_kb(pid: int) -> dict[str, int]:
             if k in ("VmRSS", "RssAnon", "RssFile")}
 
 
-def _timed(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[float, dict[str, float], str]:
-    """Wall seconds, memory figures in MB and stdout of a command.
+def _settle(warm: Sequence[Path]) -> None:
+    """The same start for every timed step: writeback done, page cache dropped, the step's input read in.
+
+    Earlier steps leave gigabytes of page cache behind; reclaiming it lands on whichever step runs
+    next (this machine's F16 write phase varied from 2.4 to 5.9 s with it). Where the cache cannot be
+    dropped (not root), only the sync and the read happen.
+    """
+    subprocess.run(["sync"], check=False)
+    with contextlib.suppress(OSError):
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    for root in warm:
+        for f in sorted(p for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file()):
+            with open(f, "rb") as fh:
+                while fh.read(1 << 23):
+                    pass
+
+
+def _timed(cmd: list[str], env: dict[str, str], cwd: Path | None = None,
+           warm: Sequence[Path] = ()) -> tuple[float, dict[str, float], str]:
+    """Wall seconds, memory figures in MB and stdout of a command, started after `_settle(warm)`.
 
     The process tree is sampled every 20 ms: `peak_rss_mb` is the largest resident set of one process
     (what GNU time's %M reports), `peak_anon_mb` the largest sum of anonymous memory over the tree
     (heap and buffers: what a model's size could make grow), `peak_file_mb` the largest sum of
     file-backed resident pages (mapped files, which the kernel can drop and re-read).
     """
-    subprocess.run(["sync"], check=False)  # the previous step's writeback is not this one's cost
+    _settle(warm)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     peak = {"rss": 0, "anon": 0, "file": 0}
@@ -200,7 +222,7 @@ def _llama_quantize(src: Path, dest: Path, env: dict[str, str], ftype: int = 15)
             "p = llama_cpp.llama_model_quantize_default_params(); p.ftype = int(sys.argv[3]); p.nthread = 2\n"
             "sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))")
     try:
-        wall, _, _ = _timed([sys.executable, "-c", code, str(src), str(dest), str(ftype)], env)
+        wall, _, _ = _timed([sys.executable, "-c", code, str(src), str(dest), str(ftype)], env, warm=[src])
     except subprocess.CalledProcessError:
         return None
     dest.unlink(missing_ok=True)
@@ -210,7 +232,8 @@ def _llama_quantize(src: Path, dest: Path, env: dict[str, str], ftype: int = 15)
 def _mreg_convert(mreg: str, src: Path, types: tuple[str, ...], name: str, env: dict[str, str],
                   work: Path) -> tuple[float, dict[str, float], list[dict[str, Any]]]:
     targets = [a for t in types for a in ("--to", f"gguf:{t}")]
-    wall, mem, stdout = _timed([mreg, "convert", str(src), *targets, "--name", name, "--json"], env)
+    wall, mem, stdout = _timed([mreg, "convert", str(src), *targets, "--name", name, "--json"], env,
+                               warm=[work / "gguf-cache"])
     doc = json.loads(stdout)
     manifest = json.loads((work / "gguf-store" / "models" / name / "versions" / str(doc["version"])
                            / "manifest.json").read_text())
@@ -230,14 +253,14 @@ def bench_gguf(work: Path, results: dict[str, Any]) -> None:
     nbytes = sum(p.stat().st_size for p in src.iterdir())
     mreg = str(Path(sys.executable).parent / "mreg")
     env = {**os.environ, "MREG_CACHE_DIR": str(work / "gguf-cache"), "MREG_STORE": str(work / "gguf-store")}
-    t_cp, _, _ = _timed(["cp", "-r", str(src), str(work / "cp-copy")], env)
-    t_pull, mem_pull, _ = _timed([mreg, "pull", str(src), "--json"], env)
+    t_cp, _, _ = _timed(["cp", "-r", str(src), str(work / "cp-copy")], env, warm=[src])
+    t_pull, mem_pull, _ = _timed([mreg, "pull", str(src), "--json"], env, warm=[src])
     out: dict[str, Any] = {"tokenizer": tokenizer, "source_bytes": nbytes, "cp_s": round(t_cp, 2),
                            "pull_s": round(t_pull, 2),
                            "pull_memory": mem_pull}
     for qtype in TYPES:
         # Twice each for F16 and Q8_0 (mreg and llama.cpp alike), the faster run kept: this disk's
-        # writeback makes single runs vary by a second. Each run starts after a sync.
+        # writeback makes single runs vary by a second. Each run starts from `_settle`.
         runs = [_mreg_convert(mreg, src, (qtype,), f"b-{qtype.lower()}-{i}", env, work)
                 for i in range(1 if qtype == "Q4_K_M" else 2)]
         wall, mem, (art,) = min(runs, key=lambda r: r[0])
@@ -253,7 +276,8 @@ def bench_gguf(work: Path, results: dict[str, Any]) -> None:
             ref_runs = []
             for _ in range(2):
                 ref_runs.append(_timed([sys.executable, "convert_hf_to_gguf.py", str(src), "--outfile", str(ref_out),
-                                        "--outtype", qtype.lower()], {**env, "PYTHONPATH": "gguf-py"}, cwd=llama_cpp))
+                                        "--outtype", qtype.lower()], {**env, "PYTHONPATH": "gguf-py"}, cwd=llama_cpp,
+                                       warm=[src]))
                 ref_out.unlink(missing_ok=True)
             ref_s, ref_mem, _ = min(ref_runs, key=lambda r: r[0])
             row["convert_hf_to_gguf"] = {"s": round(ref_s, 2), **ref_mem,
