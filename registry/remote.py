@@ -289,20 +289,15 @@ def gc_remote(remote: S3Store, *, grace_s: float = 24 * 3600, apply: bool = Fals
             age = now - o["LastModified"].timestamp()
             if digest not in referenced and age > grace_s:
                 doomed.append((digest, int(o["Size"])))
-        stale_uploads = [
-            (u["Key"], u["UploadId"])
-            for page in remote.s3.get_paginator("list_multipart_uploads").paginate(
-                Bucket=remote.bucket, Prefix=remote.key("blobs") + "/")
-            for u in page.get("Uploads", [])
-            if now - u["Initiated"].timestamp() > grace_s
-        ]
+        stale_uploads = [(u["Key"], u["UploadId"]) for u in remote.multipart_uploads(remote.key("blobs") + "/")
+                         if now - u["Initiated"].timestamp() > grace_s]
         if apply:
             for digest, _ in doomed:
                 remote.delete(remote.blob_key(digest))
             for key in stale_leases:
                 remote.delete(key)
             for key, upload_id in stale_uploads:  # parts left by pushes that were killed mid-upload
-                remote.s3.abort_multipart_upload(Bucket=remote.bucket, Key=key, UploadId=upload_id)
+                remote.abort_upload(key, upload_id)
     finally:
         if apply:
             remote.delete(lock_key)

@@ -158,6 +158,23 @@ class S3Store:
         except (ClientError, BotoCoreError) as e:
             raise wrap_error(e, f"listing s3://{self.bucket}/{prefix}") from e
 
+    def multipart_uploads(self, prefix: str) -> Iterator[dict[str, Any]]:
+        """Multipart uploads begun and neither completed nor aborted under a prefix, across pages."""
+        try:
+            for page in self.s3.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix):
+                yield from page.get("Uploads", [])
+        except (ClientError, BotoCoreError) as e:
+            raise wrap_error(e, f"listing multipart uploads under s3://{self.bucket}/{prefix}") from e
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        """Abort a multipart upload, dropping its parts (already gone is fine)."""
+        try:
+            self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except (ClientError, BotoCoreError) as e:
+            if _code(e) in ("NoSuchUpload", "404"):
+                return
+            raise wrap_error(e, f"aborting the upload of s3://{self.bucket}/{key}") from e
+
     # -- the Store protocol --------------------------------------------------------------
 
     def models(self) -> list[str]:

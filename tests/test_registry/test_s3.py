@@ -249,11 +249,17 @@ def test_remote_gc_sweeps_only_old_unreferenced_blobs(mreg: Any, model_dir: Path
     leased = "e" * 64
     store.put(store.blob_key(leased), b"leased")
     lease = store.take_lease([leased])
+    abandoned = store.blob_key("d" * 64)  # a push killed mid-upload leaves its parts behind
+    s3server.client().create_multipart_upload(Bucket=BUCKET, Key=abandoned)
+    uploads = store.key("blobs") + "/"
     plan = mreg("gc", "--store", remote_url, "--grace-hours", "0", "--json").json
     assert plan["applied"] is False and plan["blobs"] == 1
     assert store.exists(store.blob_key(orphan))
+    assert [u["Key"] for u in store.multipart_uploads(uploads)] == [abandoned]
     assert mreg("gc", "--store", remote_url, "--grace-hours", "0", "--yes").exit_code == 0
     assert not store.exists(store.blob_key(orphan))
+    assert list(store.multipart_uploads(uploads)) == []
+    store.abort_upload(abandoned, "no-such-upload")  # already gone is fine
     assert store.exists(store.blob_key(leased)), "a live lease protects an in-flight push's blobs"
     store.delete(lease)
     assert mreg("gc", "--store", remote_url, "--yes", "--json").json["blobs"] == 0, "grace protects young blobs"
