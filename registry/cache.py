@@ -511,15 +511,17 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "model"
 
 
-def pull(cache: Path, source: str, **kwargs: object) -> Snapshot:
-    """Pull `ORG/NAME[@REV]`, `./DIR` or `file:///DIR` into the cache."""
+def pull(cache: Path, source: str, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
+         allow_pickle: bool = False, offline: bool = False, endpoint: str | None = None,
+         progress: Progress | None = None) -> Snapshot:
+    """Pull `ORG/NAME[@REV]`, `./DIR` or `file:///DIR` into the cache (a local directory ignores the hub options)."""
     local = local_source(source)
     if local is not None:
-        for key in ("endpoint", "offline"):
-            kwargs.pop(key, None)
-        return pull_local(cache, local, **kwargs)  # type: ignore[arg-type]
+        return pull_local(cache, local, include=include, exclude=exclude, allow_pickle=allow_pickle,
+                          progress=progress)
     repo, _, rev = source.partition("@")
-    return pull_hub(cache, repo, rev or None, **kwargs)  # type: ignore[arg-type]
+    return pull_hub(cache, repo, rev or None, endpoint=endpoint, include=include, exclude=exclude,
+                    allow_pickle=allow_pickle, offline=offline, progress=progress)
 
 
 def local_source(source: str) -> Path | None:
