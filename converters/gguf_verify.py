@@ -14,6 +14,7 @@ Any failure fails the conversion; a check that cannot run (no runtime) says so i
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from collections.abc import Sequence
@@ -25,6 +26,8 @@ import numpy as np
 from manifests import SourceInfo, Verification
 
 if TYPE_CHECKING:
+    from gguf import GGUFReader
+
     from converters.gguf import EncodedTensor, GGUFPlan
 
 #: Largest relative RMS error of a tensor's encoding (measured on Gaussian weights, with margin).
@@ -58,25 +61,32 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def gguf_reader(path: Path) -> Any:
+@functools.cache
+def _reader_class() -> type[GGUFReader]:
+    import gguf
+
+    class Reader(gguf.GGUFReader):
+        """gguf's reader with `data` a plain ndarray view of the map it opens."""
+
+        @property  # type: ignore[override]
+        def data(self) -> np.ndarray[Any, Any]:
+            return self._plain
+
+        @data.setter
+        def data(self, mapped: np.ndarray[Any, Any]) -> None:
+            self._plain = np.asarray(mapped)  # a base-class view: it holds the map open
+
+    return Reader
+
+
+def gguf_reader(path: Path) -> GGUFReader:
     """gguf's reader, parsing through a plain ndarray view of its map.
 
     Its parser slices the map once or more per vocabulary entry; on `np.memmap` every slice runs
     memmap's Python-level hooks, 60% of the parse of a 32 000-token vocabulary (1.04 s against 0.39).
     The view keeps the map alive and is read the same way.
     """
-    import gguf
-
-    class Reader(gguf.GGUFReader):
-        @property
-        def data(self) -> Any:
-            return self._plain
-
-        @data.setter
-        def data(self, mapped: Any) -> None:
-            self._plain = np.asarray(mapped)
-
-    return Reader(path)
+    return _reader_class()(path)
 
 
 def check_file(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor]) -> list[str]:

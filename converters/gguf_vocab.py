@@ -221,6 +221,9 @@ def _sentencepiece(directory: Path, vocab_size: int) -> Vocab:
     vocab = Vocab(model="llama", pre="default", tokens=tokens, types=types, scores=scores,
                   add_space_prefix=None if add_dummy_prefix else False)
     _special(directory, vocab, load_merges=False)
+    if "unk" not in vocab.special_ids and UNKNOWN in types:
+        # Found by name in tokenizer.json when the repository ships one; the model itself marks its piece.
+        vocab.special_ids["unk"] = types.index(UNKNOWN)
     return vocab
 
 

@@ -3,16 +3,20 @@
 Two uses:
 - the GGUF bench runs llama.cpp's `convert_hf_to_gguf.py` on the same input as mreg;
 - the tests and the bench take real tokenizers from llama.cpp's vocabulary files
-  (`models/ggml-vocab-*.gguf`: Llama 2's SentencePiece, Llama 3's and Qwen2's byte-level BPE),
-  written back as the Hugging Face files those models ship, and the token ids that the models' own
-  Hugging Face tokenizers give for llama.cpp's tokenizer test strings (`.inp` / `.out`).
+  (`models/ggml-vocab-*.gguf`: Llama 2's SentencePiece, Llama 3's byte-level BPE, and Qwen's, which
+  llama.cpp built from Qwen1.5-7B: the BPE and pre-tokenizer Qwen2 and Qwen2.5 use, without the
+  special tokens Qwen2.5 adds), written back as the Hugging Face files those models ship, and the
+  token ids that the models' own Hugging Face tokenizers give for llama.cpp's tokenizer test strings
+  (`.inp` / `.out`).
 
-The package is the installed llama-cpp-python's version, downloaded with pip once per cache directory
-(or taken from `MREG_LLAMA_CPP_SDIST`, a path to the .tar.gz).
+The package is the installed llama-cpp-python's version. The tests never download: `nox -s tests`
+fetches it from PyPI while it sets up the environment (`python tests/llama_cpp_source.py DIR`) and
+passes its path in `MREG_LLAMA_CPP_SDIST`. The bench downloads it itself when that is not set.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -40,41 +44,72 @@ def _wanted(name: str) -> bool:
         "/models/ggml-vocab-" in name and name.rsplit("/", 1)[-1].split(".gguf")[0][len("ggml-vocab-"):] in VOCABS)
 
 
-def source(cache: Path) -> Path:
-    """`vendor/llama.cpp` of the installed llama-cpp-python's source package, extracted once under cache."""
+def _complete(root: Path) -> bool:
+    """The converter and every vocabulary with its test files are there."""
+    vocab_files = [f"ggml-vocab-{name}.gguf{suffix}" for name in VOCABS for suffix in ("", ".inp", ".out")]
+    return (root / "convert_hf_to_gguf.py").is_file() and all((root / "models" / f).is_file() for f in vocab_files)
+
+
+def _version() -> str:
     from importlib import metadata
 
     try:
-        version = metadata.version("llama-cpp-python")
+        return metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError as e:
         raise Unavailable("llama-cpp-python is not installed") from e
-    root = cache / f"llama.cpp-{version}"
-    if (root / "convert_hf_to_gguf.py").is_file():
+
+
+def download(dest: Path) -> Path:
+    """The installed llama-cpp-python's source package, downloaded from PyPI into dest (once)."""
+    version = _version()
+    found = sorted(dest.glob(f"llama_cpp_python-{version}.tar.gz"))
+    if found:
+        return found[0]
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(dest),
+           f"llama-cpp-python=={version}"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired as e:
+        raise Unavailable(f"pip took over 10 minutes to download llama-cpp-python {version}'s source") from e
+    found = sorted(dest.glob(f"llama_cpp_python-{version}.tar.gz"))
+    if done.returncode != 0 or not found:
+        raise Unavailable(f"pip could not download llama-cpp-python {version}'s source: "
+                          f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return found[0]
+
+
+def source(cache: Path, *, allow_download: bool = False) -> Path:
+    """`vendor/llama.cpp` of the installed llama-cpp-python's source package, extracted once under cache.
+
+    The package is `MREG_LLAMA_CPP_SDIST`, else (with allow_download) downloaded into cache.
+    """
+    root = cache / f"llama.cpp-{_version()}"
+    if _complete(root):
         return root
+    archive = os.environ.get(SDIST_ENV)
+    if not archive:
+        if not allow_download:
+            raise Unavailable(f"llama.cpp's source is not here: set {SDIST_ENV} to llama-cpp-python's source "
+                              "package (`nox -s tests` downloads it and sets it)")
+        archive = str(download(cache))
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        archive = os.environ.get(SDIST_ENV)
-        if not archive:
-            cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp,
-                   f"llama-cpp-python=={version}"]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise Unavailable(f"pip could not download llama-cpp-python {version}'s source: "
-                                  f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
-            (found,) = Path(tmp).glob("llama_cpp_python-*.tar.gz")
-            archive = str(found)
+        tree = Path(tmp) / "tree"
         with tarfile.open(archive) as tar:
             prefix = tar.getnames()[0].split("/")[0] + "/vendor/llama.cpp/"
             members = [m for m in tar.getmembers() if m.isfile() and m.name.startswith(prefix) and _wanted(m.name)]
             for m in members:
                 m.name = m.name[len(prefix):]
-            tar.extractall(Path(tmp) / "tree", members=members, filter="data")
-        if not (Path(tmp) / "tree" / "convert_hf_to_gguf.py").is_file():
-            raise Unavailable(f"{archive} has no vendor/llama.cpp/convert_hf_to_gguf.py")
-        try:
-            (Path(tmp) / "tree").rename(root)
-        except OSError:  # another process extracted it first
-            shutil.rmtree(Path(tmp) / "tree", ignore_errors=True)
+            tar.extractall(tree, members=members, filter="data")
+        if not _complete(tree):
+            raise Unavailable(f"{archive} lacks llama.cpp's converter or one of the vocabularies {sorted(VOCABS)}")
+        if root.exists():
+            shutil.rmtree(root)  # an earlier, incomplete extraction
+        with contextlib.suppress(OSError):
+            tree.rename(root)  # fails only when another process has just put a complete tree there
+    if not _complete(root):
+        raise Unavailable(f"could not extract llama.cpp's source into {root}")
     return root
 
 
@@ -90,9 +125,19 @@ class RealVocab:
     types: list[int]
     scores: list[float]
     merges: list[str]
-    bos: int | None
-    eos: int | None
+    #: The other tokenizer.ggml.* keys of the file: special token ids and add-BOS/EOS flags.
+    specials: dict[str, Any]
     chat_template: str | None
+
+    @property
+    def bos(self) -> int | None:
+        value = self.specials.get("tokenizer.ggml.bos_token_id")
+        return None if value is None else int(value)
+
+    @property
+    def eos(self) -> int | None:
+        value = self.specials.get("tokenizer.ggml.eos_token_id")
+        return None if value is None else int(value)
 
     @property
     def size(self) -> int:
@@ -112,17 +157,21 @@ def read_vocab(root: Path, name: str) -> RealVocab:
     return RealVocab(name, VOCABS[name], get("tokenizer.ggml.model"), get("tokenizer.ggml.pre"),
                      get("tokenizer.ggml.tokens"),
                      get("tokenizer.ggml.token_type"), get("tokenizer.ggml.scores", []),
-                     get("tokenizer.ggml.merges", []), get("tokenizer.ggml.bos_token_id"),
-                     get("tokenizer.ggml.eos_token_id"), get("tokenizer.chat_template"))
+                     get("tokenizer.ggml.merges", []),
+                     {k: get(k) for k in reader.fields if k.startswith("tokenizer.ggml.") and
+                      (k.endswith("_token_id") or k.startswith("tokenizer.ggml.add_"))},
+                     get("tokenizer.chat_template"))
 
 
 def cases(root: Path, name: str) -> list[tuple[str, list[int]]]:
     """llama.cpp's tokenizer test strings with the ids the model's Hugging Face tokenizer gives (no BOS)."""
-    texts = (root / "models" / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8").split(_SEPARATOR)
-    ids = (root / "models" / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
-    if texts and texts[-1].endswith("\n__ggml_vocab_test__"):
-        texts[-1] = texts[-1][: -len("\n__ggml_vocab_test__")]
-    return [(t, [int(i) for i in line.split()]) for t, line in zip(texts, ids, strict=False)]
+    base = root / "models" / f"ggml-vocab-{name}.gguf"
+    # Each text ends with the separator line; each line of ids with a newline (an empty line: no ids).
+    texts = (base.parent / f"{base.name}.inp").read_bytes().decode("utf-8").split(_SEPARATOR)
+    lines = (base.parent / f"{base.name}.out").read_bytes().decode("utf-8").split("\n")
+    if texts[-1] != "" or lines[-1] != "":
+        raise ValueError(f"{base}.inp / .out do not end as llama.cpp's test files do")
+    return [(t, [int(i) for i in line.split()]) for t, line in zip(texts[:-1], lines[:-1], strict=True)]
 
 
 #: The Split regexes of Qwen2's and Llama 3's tokenizer.json (Llama 3 groups digits in threes).
@@ -186,7 +235,10 @@ def _sentencepiece_model(v: RealVocab) -> bytes:
 
 
 def write_tokenizer(v: RealVocab, dest: Path) -> None:
-    """The tokenizer files of the model the vocabulary comes from, replacing any in dest."""
+    """The tokenizer files of the (base) model the vocabulary comes from, replacing any in dest.
+
+    config.json and generation_config.json get the vocabulary's size and special ids, as the model's have.
+    """
     for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"):
         (dest / name).unlink(missing_ok=True)
     config: dict[str, Any] = {"model_max_length": 2048, "clean_up_tokenization_spaces": False}
@@ -194,14 +246,27 @@ def write_tokenizer(v: RealVocab, dest: Path) -> None:
         (dest / "tokenizer.model").write_bytes(_sentencepiece_model(v))
         config.update(tokenizer_class="LlamaTokenizer", legacy=True, add_bos_token=True, add_eos_token=False,
                       bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token=None)
+    elif v.name == "qwen2":
+        (dest / "tokenizer.json").write_text(json.dumps(_tokenizer_json(v), ensure_ascii=False), encoding="utf-8")
+        config.update(tokenizer_class="Qwen2Tokenizer", add_prefix_space=False, bos_token=None,
+                      eos_token="<|endoftext|>", pad_token="<|endoftext|>", unk_token=None, errors="replace",
+                      split_special_tokens=False)
     else:
         (dest / "tokenizer.json").write_text(json.dumps(_tokenizer_json(v), ensure_ascii=False), encoding="utf-8")
-        config.update(tokenizer_class="PreTrainedTokenizerFast", bos_token=v.tokens[v.bos] if v.bos is not None
-                      else None, eos_token=v.tokens[v.eos] if v.eos is not None else None)
-        if v.name == "qwen2":
-            config.update(tokenizer_class="Qwen2Tokenizer", add_bos_token=False, bos_token=None,
-                          eos_token="<|im_end|>", pad_token="<|endoftext|>", errors="replace",
-                          split_special_tokens=False, add_prefix_space=False)
+        config.update(tokenizer_class="PreTrainedTokenizerFast", bos_token=v.tokens[v.bos or 0],
+                      eos_token=v.tokens[v.eos or 0])
     if v.chat_template:
         config["chat_template"] = v.chat_template
     (dest / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+    ids = {"bos_token_id": v.bos, "eos_token_id": v.eos}
+    for name in ("config.json", "generation_config.json"):
+        path = dest / name
+        if path.is_file():
+            doc = {k: val for k, val in json.loads(path.read_text()).items() if k != "pad_token_id"}
+            doc.update(ids, **({"vocab_size": v.size} if name == "config.json" else {}))
+            path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    # `python tests/llama_cpp_source.py DIR`: download the source package into DIR, print its path.
+    print(download(Path(sys.argv[1]).absolute()))

@@ -132,16 +132,23 @@ def _status_kb(pid: int) -> dict[str, int]:
             if k in ("VmRSS", "RssAnon", "RssFile")}
 
 
+#: What the timed commands import (mreg's and llama.cpp's converters alike), read back in after a drop.
+_IMPORTS = "import numpy, torch, transformers, safetensors, sentencepiece, tokenizers, gguf, llama_cpp"
+
+
 def _settle(warm: Sequence[Path]) -> None:
     """The same start for every timed step: writeback done, page cache dropped, the step's input read in.
 
     Earlier steps leave gigabytes of page cache behind; reclaiming it lands on whichever step runs
-    next (this machine's F16 write phase varied from 2.4 to 5.9 s with it). Where the cache cannot be
-    dropped (not root), only the sync and the read happen.
+    next (this machine's F16 write phase varied from 2.4 to 5.9 s with it). After the drop the Python
+    libraries both tools import are loaded once (torch alone is 750 MB on disk), so that no step pays
+    a cold start the other tool does not. Where the cache cannot be dropped (not root), only the
+    sync and the reads happen.
     """
     subprocess.run(["sync"], check=False)
     with contextlib.suppress(OSError):
         Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    subprocess.run([sys.executable, "-c", _IMPORTS], check=False, capture_output=True)
     for root in warm:
         for f in sorted(p for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file()):
             with open(f, "rb") as fh:
@@ -245,7 +252,7 @@ def bench_gguf(work: Path, results: dict[str, Any]) -> None:
     from llama_cpp_source import Unavailable, source
 
     try:
-        llama_cpp: Path | None = source(work / "llama-cpp-source")
+        llama_cpp: Path | None = source(work / "llama-cpp-source", allow_download=True)
     except Unavailable as e:
         print(f"gguf: no llama.cpp source ({e}): no convert_hf_to_gguf.py figures", flush=True)
         llama_cpp = None
