@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from converters.onnx_export import MODEL_FILE, Signature, cache_of, quiet
+from converters.runtime import plain_greedy
 from manifests import SourceInfo, Verification
 
 Array = npt.NDArray[Any]
@@ -128,11 +129,11 @@ def _generate(model: Any, tokenizer: Any, cases: tuple[Case, ...], limit: int) -
     eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
     pad = int(tokenizer.pad_token_id)
     prompts = _encode(tokenizer, TEXTS[0:2], "left", limit - GENERATE_TOKENS)
-    # A fresh config: plain greedy decoding, none of the checkpoint's sampling or repetition settings.
+    # Plain greedy decoding: none of the checkpoint's sampling or repetition settings (see plain_greedy).
     generation_config: Any = transformers.GenerationConfig  # an untyped constructor
     config = generation_config(do_sample=False, num_beams=1, max_new_tokens=GENERATE_TOKENS,
                                            eos_token_id=list(eos_ids) or None, pad_token_id=pad)
-    with torch.no_grad(), quiet():
+    with torch.no_grad(), quiet(), plain_greedy(model):
         out = model.generate(**{k: torch.from_numpy(v) for k, v in prompts.items()}, generation_config=config,
                              return_dict_in_generate=True, output_logits=True)
     generated = out.sequences[:, prompts["input_ids"].shape[1]:].numpy()

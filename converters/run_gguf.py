@@ -51,7 +51,8 @@ class GGUFSession:
         """Greedy completion."""
         self.llm.reset()
         t0 = time.perf_counter()
-        out = self.llm.create_completion(prompt, max_tokens=max_new_tokens, temperature=0.0, top_k=1, seed=0)
+        out = self.llm.create_completion(prompt, max_tokens=max_new_tokens, temperature=0.0, top_k=1, seed=0,
+                                         repeat_penalty=1.0)
         seconds = time.perf_counter() - t0
         usage = out.get("usage", {})
         return Generation(out["choices"][0]["text"], int(usage.get("prompt_tokens", 0)),

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from converters.runtime import Embedding, Generation, HFTokenizerSession
+from converters.runtime import Embedding, Generation, HFTokenizerSession, plain_greedy
 from manifests import Artifact, Manifest
 from registry.errors import UsageError
 
@@ -40,7 +40,7 @@ class HFSession(HFTokenizerSession):
         """Greedy generation."""
         enc = self.tokenizer(prompt, return_tensors="pt")
         t0 = time.perf_counter()
-        with self.torch.no_grad():
+        with self.torch.no_grad(), plain_greedy(self.model):
             out = self.model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                       pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
         seconds = time.perf_counter() - t0

@@ -7,13 +7,34 @@ seeds make runs repeatable.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from manifests import Artifact, Manifest
 from registry.errors import UsageError
+
+
+@contextlib.contextmanager
+def plain_greedy(model: Any) -> Iterator[None]:
+    """transformers' generate() without the checkpoint's generation defaults, for the duration.
+
+    generate() fills every setting its caller leaves unset from the model's generation_config.json;
+    Qwen2.5-Instruct's sets repetition_penalty 1.05, which changes greedy tokens. Greedy decoding that
+    other runtimes (ONNX Runtime, llama.cpp) must reproduce is the argmax of the logits, nothing else.
+    """
+    import transformers
+
+    blank: Any = transformers.GenerationConfig  # an untyped constructor
+    saved = model.generation_config
+    model.generation_config = blank()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
 
 
 @dataclass(frozen=True)

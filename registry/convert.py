@@ -133,7 +133,10 @@ def convert(
                         raise IntegrityError(
                             f"{conv.format} conversion of {snapshot.record.source.repo} failed verification: "
                             f"{result.verification.detail or result.verification.method}",
-                            hint="nothing was published; see the metrics with --json",
+                            hint="nothing was published; with --json, error.details holds the verification "
+                                 "record (metrics against tolerances)",
+                            details={"format": conv.format, "options": opts,
+                                     "verification": result.verification.model_dump(mode="json")},
                         )
                     others = {rel for r in results if r is not result for rel in r.known_digests}
                     files = staging.ingest(conv.format, result.known_digests, progress, skip=before | others)

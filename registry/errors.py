@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class MregError(Exception):
@@ -10,11 +10,15 @@ class MregError(Exception):
 
     exit_code: ClassVar[int] = 1
     hint: str | None = None
+    #: Structured facts for `--json` (e.g. a failed verification's metrics); the message stays one line.
+    details: dict[str, Any] | None = None
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         if hint is not None:
             self.hint = hint
+        if details is not None:
+            self.details = details
 
 
 class UsageError(MregError):

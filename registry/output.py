@@ -38,11 +38,11 @@ class Output:
         if err.hint:
             sys.stderr.write(f"hint: {err.hint}\n")
         if self.json:
-            doc = {
-                "schema_version": SCHEMA_VERSION,
-                "error": {"type": type(err).__name__, "message": str(err), "hint": err.hint,
-                          "exit_code": err.exit_code},
-            }
+            error: dict[str, Any] = {"type": type(err).__name__, "message": str(err), "hint": err.hint,
+                                     "exit_code": err.exit_code}
+            if err.details is not None:
+                error["details"] = err.details
+            doc = {"schema_version": SCHEMA_VERSION, "error": error}
             sys.stdout.write(json.dumps(doc) + "\n")
 
 

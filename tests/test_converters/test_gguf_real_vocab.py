@@ -13,46 +13,19 @@ on a tiny random model of its architecture, and converted by mreg. Then:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from convert_cli import artifact, convert
-from llama_cpp_source import (
-    SDIST_ENV,
-    UNUSED,
-    VOCABS,
-    RealVocab,
-    Unavailable,
-    cases,
-    read_vocab,
-    source,
-    write_tokenizer,
-)
+from llama_cpp_source import UNUSED, VOCABS, RealVocab, cases, read_vocab, write_tokenizer
 from tiny_models import build_tiny_llama
 
 from converters.gguf_verify import gguf_reader
 
 pytest.importorskip("llama_cpp")
 pytest.importorskip("gguf")
-
-
-@pytest.fixture(scope="session")
-def llama_cpp_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """llama.cpp's files from llama-cpp-python's source package, which `nox -s tests` downloads and names.
-
-    Without MREG_LLAMA_CPP_SDIST (pytest run by hand) the tests skip; with it, any problem fails them.
-    """
-    cache = getattr(request.config, "cache", None)
-    where = Path(cache.mkdir("llama-cpp-source")) if cache is not None else tmp_path_factory.mktemp("llama-cpp")
-    try:
-        return source(where)
-    except Unavailable as e:
-        if os.environ.get(SDIST_ENV):
-            raise
-        pytest.skip(str(e))
 
 
 def _hf_ids(v: RealVocab, directory: Path) -> Callable[[str], list[int]]:

@@ -6,12 +6,15 @@ the CLI; the published tree is then driven by ONNX Runtime directly, as a servin
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from convert_cli import artifact, convert
+from llama_cpp_source import read_vocab, write_tokenizer
+from tiny_models import build_tiny_llama
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -136,3 +139,36 @@ def test_sentencepiece_tokenizer_checkpoint(mreg: Any, store_root: Path, tiny_mo
     doc = convert(mreg, tiny_model("llama-spm"), "onnx")
     art, tree = artifact(store_root, "m", doc["version"], "onnx")
     assert art["verification"]["status"] == "passed" and (tree / "tokenizer.model").is_file()
+
+
+def test_generation_reference_ignores_the_checkpoints_sampling_defaults(mreg: Any, store_root: Path,
+                                                                       tiny_model: Callable[..., Path]) -> None:
+    """generation_config.json's repetition_penalty (Qwen2.5-Instruct ships 1.05) is not greedy decoding.
+
+    transformers' generate() fills what its caller leaves unset from that file; the reference must be
+    the argmax the ONNX model is held to, so the conversion passes whatever the file says.
+    """
+    src = tiny_model("qwen2")
+    path = src / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "repetition_penalty": 10.0, "do_sample": True}))
+    doc = convert(mreg, src, "onnx:torchscript,with-past")
+    art, _ = artifact(store_root, "m", doc["version"], "onnx")
+    assert art["verification"]["status"] == "passed"
+    assert art["verification"]["metrics"]["generation.tokens_equal"] == 1.0
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-bpe"])
+def test_with_past_and_a_real_tokenizer(name: str, llama_cpp_root: Path, mreg: Any, store_root: Path,
+                                        tmp_path: Path) -> None:
+    """Qwen's and Llama 3's real tokenizers (llama.cpp's vocabulary files, tests/llama_cpp_source.py) on a tiny model:
+    verification tokenizes with them, pads on the left with their pad (or EOS) token, and generates."""
+    vocab = read_vocab(llama_cpp_root, name)
+    src = build_tiny_llama(tmp_path / name, model_type=vocab.architecture, vocab_size=vocab.size,
+                           tie_word_embeddings=vocab.architecture == "qwen2")
+    write_tokenizer(vocab, src)
+    doc = convert(mreg, src, "onnx:with-past")
+    art, _ = artifact(store_root, "m", doc["version"], "onnx")
+    v = art["verification"]
+    assert v["status"] == "passed", v["detail"]
+    assert v["metrics"]["generation.tokens_equal"] == 1.0 and v["metrics"]["logits.top1_agreement"] == 1.0
+    assert any(len(text) > 20 for text in v["inputs"]), "real text went through the real tokenizer"
