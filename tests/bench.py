@@ -314,29 +314,53 @@ def bench_onnx(work: Path, results: dict[str, Any]) -> None:
     out: dict[str, Any] = {"reference": reference,
                            "plain": "torch.onnx.export(dynamo=True) with its defaults + save, no verification"}
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    mreg_imports = [sys.executable, "-c", "import torch, transformers, onnx, onnxruntime, onnxscript"]
+    optimum_imports = [str(optimum.parent / "python") if optimum else "", "-c",
+                       "import torch, transformers, onnx, onnxruntime, optimum.exporters.onnx"]
+
+    def best_of_two(cmds: list[list[str | Path]], warm: list[str], outputs: list[Path],
+                    env: dict[str, str] | None = None) -> dict[str, Any]:
+        """The faster of two runs (one command each), each after the tool's imports were loaded once."""
+        runs = []
+        for cmd, output in zip(cmds, outputs, strict=True):
+            subprocess.run(warm, check=False, capture_output=True)  # no run pays a cold-cache start
+            runs.append(_measured(cmd, env=env))
+            if output is not outputs[-1]:
+                _rm(output)
+        best = min(runs, key=lambda r: r["wall_s"])
+        return {**best, "runs_s": [r["wall_s"] for r in runs]}
+
     for label, (src, spec, task, optimum_task) in models.items():
-        store, cache = work / "onnx-store", work / "onnx-cache"
+        cache = work / "onnx-cache"
         subprocess.run([str(BIN / "mreg"), "pull", str(src), "--cache-dir", str(cache)], check=True,
                        capture_output=True)  # the source is cached first: the figure is export + verify + publish
         row: dict[str, Any] = {}
-        for version, exporter in enumerate(("dynamo", "torchscript"), 1):
-            row[f"mreg_convert_{exporter}"] = _measured(
-                [BIN / "mreg", "convert", src, "--to", f"onnx:{exporter}" + (f",{spec}" if spec else ""),
-                 "--name", label, "--store", store, "--cache-dir", cache])
-            manifest = json.loads((store / "models" / label / "versions" / str(version) / "manifest.json").read_text())
+        for exporter in ("dynamo", "torchscript"):
+            # A store per run: a second conversion into the same store would reuse the first's version.
+            stores = [work / f"onnx-store-{exporter}-{i}" for i in range(2)]
+            target = f"onnx:{exporter}" + (f",{spec}" if spec else "")
+            row[f"mreg_convert_{exporter}"] = best_of_two(
+                [[BIN / "mreg", "convert", src, "--to", target, "--name", label, "--store", st, "--cache-dir", cache]
+                 for st in stores], mreg_imports, stores)
+            manifest = json.loads((stores[1] / "models" / label / "versions" / "1" / "manifest.json").read_text())
             verification = manifest["artifacts"][0]["verification"]
             row[f"mreg_verification_{exporter}"] = {
                 "status": verification["status"], "inputs": len(verification["inputs"]),
                 **{k: v for k, v in verification["metrics"].items()
                    if k.startswith(("logits", "last_hidden_state", "generation"))}}
-        row["plain_export"] = _measured([sys.executable, "-c", _PLAIN_EXPORT, src, task, "1" if spec else "0",
-                                         work / f"plain-{label}"], env=env)
+            _rm(stores[1])
+        plain = [work / f"plain-{label}-{i}" for i in range(2)]
+        row["plain_export"] = best_of_two(
+            [[sys.executable, "-c", _PLAIN_EXPORT, src, task, "1" if spec else "0", d] for d in plain],
+            mreg_imports, plain, env=env)
+        dests = [work / f"optimum-{label}-{i}" for i in range(2)]
         if optimum is not None:
-            row["optimum_cli"] = _measured([optimum, "export", "onnx", "--model", src, "--task", optimum_task,
-                                            work / f"optimum-{label}"])
+            row["optimum_cli"] = best_of_two(
+                [[optimum, "export", "onnx", "--model", src, "--task", optimum_task, d] for d in dests],
+                optimum_imports, dests)
         out[label] = row
         print(f"onnx {label}: {row}", flush=True)
-        for d in (store, cache, work / f"plain-{label}", work / f"optimum-{label}"):
+        for d in (cache, *plain, *dests):
             _rm(d)
     results["onnx"] = out
     _rm(llama)
