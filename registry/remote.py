@@ -186,7 +186,10 @@ def _download_verified(remote: S3Store, digest: str, dest: Path, progress: Progr
         with lock:
             progress.advance(n)
 
-    actual = write_hashed(dest, r["Body"].iter_chunks(1 << 20), advance)
+    try:
+        actual = write_hashed(dest, r["Body"].iter_chunks(1 << 20), advance)
+    except BotoCoreError as e:  # the connection dropped mid-body (read timeout, reset): the staging is discarded
+        raise wrap_error(e, f"downloading blob {digest[:12]}… from {remote.location}") from e
     if actual != digest:
         raise IntegrityError(
             f"{remote.location}: blob {digest[:12]}… is corrupt (its content hashes to {actual[:12]}…); "
@@ -233,9 +236,12 @@ def verify_remote(remote: S3Store, version: Version, workers: int = 8) -> Verify
             return f"{rel}: blob {d[:12]}… missing"
         h = hashlib.sha256()
         n = 0
-        for chunk in r["Body"].iter_chunks(1 << 20):
-            h.update(chunk)
-            n += len(chunk)
+        try:
+            for chunk in r["Body"].iter_chunks(1 << 20):
+                h.update(chunk)
+                n += len(chunk)
+        except BotoCoreError as e:  # a dropped connection says nothing about the blob: no verdict, an error
+            raise wrap_error(e, f"reading blob {d[:12]}… from {remote.location}") from e
         if n != size or h.hexdigest() != d:
             return f"{rel}: blob {d[:12]}… is corrupt (size {n}, sha256 {h.hexdigest()[:12]}…)"
         return None

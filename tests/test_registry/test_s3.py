@@ -239,6 +239,33 @@ def test_corrupt_remote_blob_is_never_published_locally(mreg: Any, model_dir: Pa
     assert v.exit_code == 4 and "corrupt" in v.json["versions"][0]["problems"][0]
 
 
+def test_a_download_cut_mid_body_exits_9_and_publishes_nothing(
+        mreg: Any, model_dir: Path, remote_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server sends the headers, then the connection drops in the middle of a blob's body."""
+    from botocore.exceptions import ResponseStreamingError
+    from botocore.response import StreamingBody
+
+    _versions(mreg, model_dir, "m", 1)
+    mreg("push", "m@1", remote_url)
+    mreg("promote", "m@1", "--store", remote_url)
+    real = StreamingBody.iter_chunks
+
+    def cut(self: StreamingBody, chunk_size: int = 1024) -> Iterator[bytes]:
+        for chunk in real(self, chunk_size):
+            yield chunk[: len(chunk) // 2]
+            raise ResponseStreamingError(error="Connection broken: connection reset by peer")
+
+    monkeypatch.setattr(StreamingBody, "iter_chunks", cut)
+    node = tmp_path / "node"
+    r = mreg("sync", remote_url, "m", "--store", node, "--json")
+    assert r.exit_code == 9 and "downloading blob" in r.json["error"]["message"], r.stdout
+    assert "\n" not in r.json["error"]["message"] and r.json["error"]["hint"]
+    assert LocalStore(node).versions("m") == [] and LocalStore(node).alias("m", "production") is None
+    assert not [p for p in (node / "tmp").iterdir() if p.is_dir()], "the staging tree was discarded"
+    monkeypatch.setattr(StreamingBody, "iter_chunks", real)
+    assert mreg("sync", remote_url, "m", "--store", node).exit_code == 0, "the next sync completes"
+
+
 def test_remote_gc_sweeps_only_old_unreferenced_blobs(mreg: Any, model_dir: Path, remote_url: str,
                                                       s3server: SeaweedS3) -> None:
     _versions(mreg, model_dir, "m", 1)
