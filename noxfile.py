@@ -15,9 +15,11 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[test]")
     # llama.cpp's own vocabulary files and test ids (real Llama 2 / Llama 3 / Qwen tokenizers) come in the
     # llama-cpp-python source package: fetched here, with the rest of the environment.
-    sdist = session.run("python", "tests/llama_cpp_source.py", ".nox/llama-cpp-source", silent=True)
-    env = {"MREG_LLAMA_CPP_SDIST": str(sdist).strip().splitlines()[-1]} if sdist else {}
-    session.run("pytest", *session.posargs, env=env)
+    out = str(session.run("python", "tests/llama_cpp_source.py", ".nox/llama-cpp-source", silent=True) or "")
+    sdist = next((line for line in reversed(out.splitlines()) if line.strip().endswith(".tar.gz")), None)
+    if sdist is None:
+        session.error(f"tests/llama_cpp_source.py named no source package: {out.strip()[-500:]}")
+    session.run("pytest", *session.posargs, env={"MREG_LLAMA_CPP_SDIST": sdist.strip()})
 
 
 @nox.session(python=PYTHON)

@@ -25,12 +25,14 @@ def plain_greedy(model: Any) -> Iterator[None]:
     generate() fills every setting its caller leaves unset from the model's generation_config.json;
     Qwen2.5-Instruct's sets repetition_penalty 1.05, which changes greedy tokens. Greedy decoding that
     other runtimes (ONNX Runtime, llama.cpp) must reproduce is the argmax of the logits, nothing else.
+    The special token ids stay: generation still stops at the model's end-of-sequence tokens.
     """
     import transformers
 
     blank: Any = transformers.GenerationConfig  # an untyped constructor
     saved = model.generation_config
-    model.generation_config = blank()
+    keep = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+    model.generation_config = blank(**{k: getattr(saved, k, None) for k in keep})
     try:
         yield
     finally:

@@ -136,7 +136,8 @@ def convert(
                             hint="nothing was published; with --json, error.details holds the verification "
                                  "record (metrics against tolerances)",
                             details={"format": conv.format, "options": opts,
-                                     "verification": result.verification.model_dump(mode="json")},
+                                     # as manifest.json writes it: non-finite numbers as null
+                                     "verification": json.loads(result.verification.model_dump_json())},
                         )
                     others = {rel for r in results if r is not result for rel in r.known_digests}
                     files = staging.ingest(conv.format, result.known_digests, progress, skip=before | others)

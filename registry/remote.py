@@ -27,7 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from manifests import HistoryEntry, Manifest
 from registry import layout, provenance
 from registry.digest import write_hashed
-from registry.errors import Conflict, IntegrityError, NotFound
+from registry.errors import Conflict, HubUnavailable, IntegrityError, NotFound
 from registry.progress import NoProgress, Progress
 from registry.s3store import LEASE_TTL_S, PreconditionFailed, S3Store, wrap_error
 from registry.store import LocalStore, Version
@@ -219,7 +219,7 @@ def watch(remote: S3Store, name: str, alias: str, local: LocalStore, every: floa
             out = sync(remote, name, alias, local)
             if out.changed:
                 on_change(out)
-        except (IntegrityError, NotFound, Conflict) as e:
+        except (IntegrityError, NotFound, Conflict, HubUnavailable) as e:  # reported; the next round retries
             on_error(e)
         stop.wait(every)
 

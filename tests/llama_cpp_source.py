@@ -104,8 +104,8 @@ def source(cache: Path, *, allow_download: bool = False) -> Path:
             tar.extractall(tree, members=members, filter="data")
         if not _complete(tree):
             raise Unavailable(f"{archive} lacks llama.cpp's converter or one of the vocabularies {sorted(VOCABS)}")
-        if root.exists():
-            shutil.rmtree(root)  # an earlier, incomplete extraction
+        if root.exists() and not _complete(root):
+            shutil.rmtree(root, ignore_errors=True)  # an earlier, incomplete extraction
         with contextlib.suppress(OSError):
             tree.rename(root)  # fails only when another process has just put a complete tree there
     if not _complete(root):

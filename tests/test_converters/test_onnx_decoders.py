@@ -157,6 +157,29 @@ def test_generation_reference_ignores_the_checkpoints_sampling_defaults(mreg: An
     assert art["verification"]["metrics"]["generation.tokens_equal"] == 1.0
 
 
+def test_plain_greedy_drops_sampling_defaults_but_stops_at_eos(tiny_model: Callable[..., Path]) -> None:
+    """The reference generate() (ONNX verification, `mreg check` on hf) is argmax and ends where the model ends."""
+    import torch
+    import transformers
+
+    from converters.runtime import plain_greedy
+
+    src = tiny_model("llama")
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    enc = transformers.AutoTokenizer.from_pretrained(src)("Hello world", return_tensors="pt")
+    n = enc["input_ids"].shape[1]
+    with torch.no_grad(), plain_greedy(model):
+        free = model.generate(**enc, max_new_tokens=6, do_sample=False)[0, n:].tolist()
+    assert len(free) == 6
+    # The checkpoint now says: stop at the first greedy token, and penalize repeats heavily.
+    model.generation_config.eos_token_id = free[0]
+    model.generation_config.repetition_penalty = 10.0
+    with torch.no_grad(), plain_greedy(model):
+        stopped = model.generate(**enc, max_new_tokens=6, do_sample=False)[0, n:].tolist()
+    assert stopped == free[:1], "ends at the model's end-of-sequence token"
+    assert model.generation_config.repetition_penalty == 10.0, "the checkpoint's settings are back afterwards"
+
+
 @pytest.mark.parametrize("name", ["qwen2", "llama-bpe"])
 def test_with_past_and_a_real_tokenizer(name: str, llama_cpp_root: Path, mreg: Any, store_root: Path,
                                         tmp_path: Path) -> None:
