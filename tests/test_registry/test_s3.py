@@ -370,3 +370,31 @@ def test_push_of_a_damaged_local_blob_is_refused_by_the_server(mreg: Any, model_
     r = mreg("push", "m@1", remote_url, "--json")
     assert r.exit_code == 4 and "different SHA-256" in r.json["error"]["message"]
     assert S3Store(remote_url).versions("m") == [], "nothing was published remotely"
+
+
+def test_watch_reports_an_unreachable_store_and_keeps_following(
+        model_dir: Path, remote_url: str, mreg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that stops answering for a round is reported; the next round syncs (the watcher does not end)."""
+    import threading
+
+    from registry import remote
+    from registry.errors import StoreUnreachable
+
+    _versions(mreg, model_dir, "m", 1)
+    mreg("push", "m@1", remote_url)
+    mreg("promote", "m@1", "--store", remote_url)
+    real, rounds, errors, changes = remote.sync, [], [], []
+    stop = threading.Event()
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        rounds.append(1)
+        if len(rounds) == 1:
+            raise StoreUnreachable("listing s3://bucket failed: connection refused")
+        stop.set()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(remote, "sync", flaky)
+    remote.watch(S3Store(remote_url), "m", "production", LocalStore(tmp_path / "node"), 0.01,
+                 changes.append, stop, errors.append)
+    assert [type(e).__name__ for e in errors] == ["StoreUnreachable"] and len(rounds) == 2
+    assert [c.version for c in changes] == [1]
