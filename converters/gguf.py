@@ -85,10 +85,11 @@ def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], n
     model = plan_model(config, load_weights(safetensors), name)
     vocab = load_vocab(directory, model.vocab_size)
     is_70b = model.architecture in ("llama", "qwen2") and model.n_layer == 80
+    shapes = [(t.name, t.shape) for t in model.tensors]
+    mix = MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b)
     out = []
     for file_type in file_types:
-        choices = choose_types(file_type, [(t.name, t.shape) for t in model.tensors],
-                               MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b))
+        choices = choose_types(file_type, shapes, mix)
         metadata = [*model.metadata[:3], ("general.file_type", FILE_TYPES[file_type][1]),
                     ("general.quantization_version", QUANTIZATION_VERSION), *model.metadata[3:], *vocab.metadata()]
         out.append(GGUFPlan(file_type, model, vocab, choices, _tensor_infos(model, choices), metadata))
@@ -192,9 +193,9 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
                     progress.advance(len(raw))
 
         model = planned[0].model
+        qtypes = [[p.choices[i].qtype for p in planned] for i in range(len(model.tensors))]
         for i, t, start, stop in _jobs(model, reader):
-            qtypes = [p.choices[i].qtype for p in planned]
-            pending.append((i, pool.submit(_read_and_encode, reader, t, qtypes, start, stop)))
+            pending.append((i, pool.submit(_read_and_encode, reader, t, qtypes[i], start, stop)))
             drain(2 * workers)
         drain(0)
         while current < len(model.tensors):

@@ -30,7 +30,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
-_DTYPES: dict[str, np.dtype[Any]] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+DTYPES: dict[str, np.dtype[Any]] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 _SKIP = ("rotary_emb.inv_freq",)
 
 
@@ -97,21 +97,29 @@ def read_safetensors_header(path: Path) -> dict[str, SourceTensor]:
     return out
 
 
-def rope_settings(config: dict[str, Any]) -> tuple[float | None, dict[str, Any]]:
-    """The rope base and scaling: transformers 4 writes `rope_theta` + `rope_scaling`, 5 `rope_parameters`."""
+def rope_settings(config: dict[str, Any]) -> tuple[float | None, str, dict[str, Any]]:
+    """The rope base, scaling kind ("default" when none) and scaling settings, read once for the GGUF
+    metadata and the reference pass alike.
+
+    transformers 4 writes `rope_theta` + `rope_scaling`, 5 `rope_parameters`. A scaling without
+    `original_max_position_embeddings` gets the model's `max_position_embeddings`, as transformers reads it.
+    """
     params = config.get("rope_parameters") or {}
     theta = config.get("rope_theta", params.get("rope_theta"))
-    return (None if theta is None else float(theta)), dict(config.get("rope_scaling") or params)
+    rope = dict(config.get("rope_scaling") or params)
+    kind = str(rope.get("rope_type") or rope.get("type") or "default").lower()
+    if kind != "default" and not rope.get("original_max_position_embeddings") and config.get("max_position_embeddings"):
+        rope["original_max_position_embeddings"] = config["max_position_embeddings"]
+    return (None if theta is None else float(theta)), kind, rope
 
 
 def _rope_metadata(arch: str, config: dict[str, Any], head_dim: int) -> tuple[list[tuple[str, Any]], Floats | None]:
     """rope.* keys, and llama3-style frequency factors (a rope_freqs tensor), from the rope settings."""
     meta: list[tuple[str, Any]] = []
-    theta, rope = rope_settings(config)
+    theta, kind, rope = rope_settings(config)
     if theta is not None:
         meta.append((f"{arch}.rope.freq_base", theta))
-    kind = (rope.get("rope_type") or rope.get("type") or "").lower()
-    if not kind or kind == "default":
+    if kind == "default":
         return meta, None
     factor = float(rope.get("factor", 1.0))
     if kind == "linear":
@@ -185,7 +193,7 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
         if gg is None:
             unknown.append(hf_name)
             continue
-        if src.dtype not in _DTYPES:
+        if src.dtype not in DTYPES:
             raise UnsupportedModel(f"tensor {hf_name} has dtype {src.dtype}", hint="supported: F32, F16, BF16")
         permute = 0
         if arch == "llama" and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -227,7 +235,8 @@ class SafetensorsReader:
         self._files: dict[Path, int] = {}
         self._lock = threading.Lock()
 
-    def _fd(self, path: Path) -> int:
+    def fd(self, path: Path) -> int:
+        """The descriptor of a shard, opened on first use (each shard once)."""
         with self._lock:  # encoding threads share the descriptors
             if path not in self._files:
                 self._files[path] = os.open(path, os.O_RDONLY)
@@ -239,14 +248,11 @@ class SafetensorsReader:
             return t.values.reshape(-1, t.ncols)[start:stop].astype(np.float32)
         src = t.source
         assert src is not None
-        dtype = _DTYPES[src.dtype]
+        dtype = DTYPES[src.dtype]
         count = (stop - start) * t.ncols
         raw = np.empty(count, dtype=dtype)
-        pread_exact(self._fd(src.path), raw, src.offset + start * t.ncols * dtype.itemsize)
-        # bfloat16 is the top half of a float32: widening is a shift, exact; one ufunc into the wide
-        # type takes 0.2 ns per value, astype-then-shift 2.1.
-        wide = np.left_shift(raw, 16, dtype=np.uint32).view(np.float32) if src.dtype == "BF16" else None
-        out = (wide if wide is not None else raw.astype(np.float32)).reshape(stop - start, t.ncols)
+        pread_exact(self.fd(src.path), raw, src.offset + start * t.ncols * dtype.itemsize)
+        out = widen(raw, src.dtype).reshape(stop - start, t.ncols)
         if t.permute_heads:
             head = t.nrows // t.permute_heads
             # HF stores each head's rotary halves apart; llama.cpp wants them interleaved.
@@ -262,6 +268,22 @@ class SafetensorsReader:
         for fd in self._files.values():
             os.close(fd)
         self._files.clear()
+
+
+def widen(raw: np.ndarray[Any, Any], dtype: str, out: Floats | None = None) -> Floats:
+    """Source values (read as `DTYPES[dtype]`) as float32, into `out` when given.
+
+    bfloat16 is the top half of a float32: widening is a shift, exact; one ufunc into the wide type
+    takes 0.2 ns per value, astype-then-shift 2.1.
+    """
+    if dtype == "BF16":
+        wide = np.left_shift(raw, 16, out=None if out is None else out.view(np.uint32), dtype=np.uint32)
+        shifted: Floats = wide.view(np.float32)
+        return shifted
+    if out is None:
+        return raw.astype(np.float32)
+    np.copyto(out, raw)
+    return out
 
 
 def pread_exact(fd: int, buf: np.ndarray[Any, Any], offset: int) -> None:

@@ -241,11 +241,12 @@ def quantize(rows: Floats, qtype: str, use: str | None = None) -> Bytes:
     if ncols % block:
         raise ValueError(f"{qtype} needs rows of a multiple of {block} elements, got {ncols}")
     rows = np.ascontiguousarray(rows, dtype=F32)
-    if (use or backend(qtype)) == "ggml" and qtype in ("F16", "BF16") and (convert := _ggml_cpu_converter(qtype)):
+    engine = use or backend(qtype)
+    if engine == "ggml" and qtype in ("F16", "BF16") and (convert := _ggml_cpu_converter(qtype)):
         halves = np.empty((nrows, ncols), dtype=np.uint16)
         convert(rows.ctypes.data, halves.ctypes.data, rows.size)  # ctypes releases the GIL here too
         return halves.view(np.uint8)
-    if (use or backend(qtype)) == "ggml":
+    if engine == "ggml":
         fn = _ggml_quantize_chunk()
         assert fn is not None
         out = np.empty((nrows, ncols // block * size), dtype=np.uint8)

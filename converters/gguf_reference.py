@@ -25,14 +25,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from converters.gguf_model import SourceTensor, load_weights, pread_exact, rope_settings
+from converters.gguf_model import (
+    DTYPES,
+    SafetensorsReader,
+    SourceTensor,
+    load_weights,
+    pread_exact,
+    rope_settings,
+    widen,
+)
 from converters.gguf_quants import Floats
 from registry.errors import MregError
 
 #: float32 elements of one weight block (4 MB): large enough that per-block overhead vanishes, small in memory.
 BLOCK_ELEMENTS = 1 << 20
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 
 
 class ReferenceUnsupported(MregError):
@@ -96,8 +103,7 @@ def _yarn_inv_freq(inv: Floats, rope: dict[str, Any], dim: int, base: float, max
 
 def _rope(config: dict[str, Any], head_dim: int) -> tuple[Floats, float]:
     """Inverse frequencies of the rotary embedding, and the gain on its cos/sin, from the rope settings."""
-    theta, rope = rope_settings(config)
-    kind = str(rope.get("rope_type") or rope.get("type") or "default").lower()
+    theta, kind, rope = rope_settings(config)
     base = theta if theta is not None else 10000.0
     if float(rope.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0) != 1.0:
         raise ReferenceUnsupported("partial rotary embeddings are not implemented")
@@ -164,10 +170,10 @@ class _Weights:
 
     def __init__(self, directory: Path, pool: ThreadPoolExecutor) -> None:
         self.tensors = load_weights(sorted(directory.rglob("*.safetensors")))
-        odd = sorted({t.dtype for t in self.tensors.values() if t.dtype not in _ITEMSIZE})
+        odd = sorted({t.dtype for t in self.tensors.values() if t.dtype not in DTYPES})
         if odd:
             raise ReferenceUnsupported(f"weights of dtype {', '.join(odd)}")
-        self.files = {t.path: os.open(t.path, os.O_RDONLY) for t in self.tensors.values()}
+        self.files = SafetensorsReader()  # one descriptor per shard
         self.pool = pool
         self.local = threading.local()
 
@@ -191,18 +197,15 @@ class _Weights:
         """Rows [start, stop) of t (2-D view) as float32 into out, through this thread's staging buffer."""
         cols = t.shape[-1]
         count = (stop - start) * cols
-        offset = t.offset + start * cols * _ITEMSIZE[t.dtype]
+        offset = t.offset + start * cols * DTYPES[t.dtype].itemsize
         out = out[:count]
+        fd = self.files.fd(t.path)
         if t.dtype == "F32":
-            pread_exact(self.files[t.path], out, offset)
+            pread_exact(fd, out, offset)
             return out.reshape(-1, cols)
-        raw = self._buffer("raw", count, np.uint16)
-        pread_exact(self.files[t.path], raw, offset)
-        if t.dtype == "BF16":  # the top half of a float32: widening is a shift, exact
-            np.left_shift(raw, 16, out=out.view(np.uint32), dtype=np.uint32)
-        else:
-            np.copyto(out, raw.view(np.float16))
-        return out.reshape(-1, cols)
+        raw = self._buffer("raw", count, np.uint16).view(DTYPES[t.dtype])
+        pread_exact(fd, raw, offset)
+        return widen(raw, t.dtype, out).reshape(-1, cols)
 
     def vector(self, name: str) -> Floats:
         """A small tensor (norm weight, bias) whole."""
@@ -243,8 +246,7 @@ class _Weights:
 
     def close(self) -> None:
         """Close every file."""
-        for fd in self.files.values():
-            os.close(fd)
+        self.files.close()
 
 
 def _rms_norm(x: Floats, weight: Floats, eps: float) -> Floats:
@@ -261,9 +263,10 @@ def _rotate(x: Floats, cos: Floats, sin: Floats) -> Floats:
     return out
 
 
-def _softmax(x: Floats) -> Floats:
+def softmax(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Softmax over the last axis, in x's precision."""
     e = np.exp(x - x.max(axis=-1, keepdims=True))
-    out: Floats = e / e.sum(axis=-1, keepdims=True)
+    out: npt.NDArray[Any] = e / e.sum(axis=-1, keepdims=True)
     return out
 
 
@@ -275,7 +278,7 @@ def _attention(q: Floats, k: Floats, v: Floats, mask: Floats) -> Floats:
     qg = q.reshape(n, kv, heads // kv, dim).transpose(1, 2, 0, 3)
     kt = k.transpose(1, 2, 0)[:, None]
     scores = (qg @ kt) * np.float32(dim**-0.5) + mask
-    out = _softmax(scores) @ v.transpose(1, 0, 2)[:, None]
+    out = softmax(scores) @ v.transpose(1, 0, 2)[:, None]
     result: Floats = out.transpose(2, 0, 1, 3).reshape(n, heads * dim)
     return result
 
@@ -318,7 +321,11 @@ def _positions(s: Hyperparameters, n: int) -> tuple[Floats, Floats, Floats]:
 
 
 def reference_logits(directory: Path, ids: list[int], workers: int | None = None) -> Floats:
-    """float32 logits (len(ids), vocab) of the causal LM in `directory` on one unpadded sequence."""
+    """float32 logits (len(ids), vocab) of the causal LM in `directory` on one unpadded sequence.
+
+    The blocks run on `workers` threads: the caller should hold BLAS to one thread of its own
+    (OPENBLAS_NUM_THREADS=1, as the verification child's environment does), or it is many times slower.
+    """
     s = _hyperparameters(json.loads((directory / "config.json").read_text()), len(ids))
     with ThreadPoolExecutor(max(1, workers or os.cpu_count() or 1)) as pool:
         w = _Weights(directory, pool)

@@ -148,14 +148,7 @@ def _hf_tokenize(directory: Path) -> Any:
     return None
 
 
-def _softmax(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    z = x - x.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    out: np.ndarray[Any, Any] = e / e.sum(axis=-1, keepdims=True)
-    return out
-
-
-def start_runtime(path: Path, plan: GGUFPlan, directory: Path, cache: Path | None) -> subprocess.Popen[str] | str:
+def start_runtime(path: Path, file_type: str, directory: Path, cache: Path | None) -> subprocess.Popen[str] | str:
     """Start llama.cpp on the file in a child process (its memory and any crash stay there), or say why not.
 
     The child runs while the parent re-reads the file with gguf's reader: two cores, two checks.
@@ -165,7 +158,7 @@ def start_runtime(path: Path, plan: GGUFPlan, directory: Path, cache: Path | Non
 
     if importlib.util.find_spec("llama_cpp") is None:
         return "llama.cpp runtime not installed (pip install 'mreg[gguf]'): not loaded"
-    cmd = [sys.executable, "-m", "converters.gguf_verify", str(path), str(directory), plan.file_type,
+    cmd = [sys.executable, "-m", "converters.gguf_verify", str(path), str(directory), file_type,
            str(cache) if cache is not None else ""]
     root = Path(__file__).resolve().parent.parent
     # The reference forward pass runs its own thread pool: OpenBLAS threads on top of it are many times slower.
@@ -197,7 +190,7 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str) -> dict
     import importlib
     import time
 
-    from converters.gguf_reference import ReferenceUnsupported, reference_logits
+    from converters.gguf_reference import ReferenceUnsupported, reference_logits, softmax
 
     llama_cpp: Any = importlib.import_module("llama_cpp")
     defaults = llama_cpp.llama_cpp.llama_model_default_params
@@ -245,7 +238,7 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str) -> dict
         ref = logits.astype(np.float64)
     ref = ref[:, : got.shape[1]]
     scale = float(ref.std()) or 1.0
-    p, q = _softmax(ref), _softmax(got)
+    p, q = softmax(ref), softmax(got)
     metrics["logits_max_abs_diff"] = float(np.abs(got - ref).max())
     metrics["logits_max_rel_diff"] = metrics["logits_max_abs_diff"] / scale
     metrics["top1_agreement"] = float((got.argmax(-1) == ref.argmax(-1)).mean())
@@ -263,7 +256,7 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str) -> dict
 def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directory: Path,
            source: SourceInfo, reference_cache: Path | None = None) -> Verification:
     """Run every check that can run here and return the verification record."""
-    child = start_runtime(path, plan, directory, reference_cache)
+    child = start_runtime(path, plan.file_type, directory, reference_cache)
     try:
         problems = check_file(path, plan, encoded)
     except BaseException:
