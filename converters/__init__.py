@@ -34,6 +34,8 @@ class ConversionRequest:
     place: PlaceFile
     #: Artifact directories already in this version (carried from the parent or made earlier in this run).
     artifacts: dict[str, Path] = field(default_factory=dict)
+    #: Their files' sha256 by format and path inside the artifact, as already recorded (no second hashing).
+    artifact_digests: dict[str, dict[str, str]] = field(default_factory=dict)
     #: The model's name in the store (for file names that must stay the same across versions).
     name: str = ""
     #: A directory in the store where a converter may keep what speeds up rebuilds (never part of a version).

@@ -188,6 +188,4 @@ class ONNXConverter:
         return ConversionResult(verification=verification, known_digests=known, tool_versions=extra)
 
 
-
-
 CONVERTER = ONNXConverter()

@@ -205,7 +205,7 @@ def _example(sig: Signature) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     return (ids, mask, positions, *kv), shapes
 
 
-def export(model: Any, sig: Signature, dest: Path, exporter: Exporter = "dynamo") -> None:
+def export(model: Any, sig: Signature, dest: Path, exporter: Exporter) -> None:
     """Write `dest/model.onnx` + its data file, float32, with the chosen exporter."""
     if exporter == "torchscript":
         _export_torchscript(model, sig, dest)

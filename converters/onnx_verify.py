@@ -122,7 +122,6 @@ def reference(model: Any, tokenizer: Any, sig: Signature) -> Reference:
 def _generate(model: Any, tokenizer: Any, cases: tuple[Case, ...], limit: int) -> Reference:
     """transformers' own greedy generation: the sequence the ONNX model must reproduce token for token."""
     import torch
-    import transformers
 
     eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else \
         model.config.eos_token_id
@@ -130,11 +129,9 @@ def _generate(model: Any, tokenizer: Any, cases: tuple[Case, ...], limit: int) -
     pad = int(tokenizer.pad_token_id)
     prompts = _encode(tokenizer, TEXTS[0:2], "left", limit - GENERATE_TOKENS)
     # Plain greedy decoding: none of the checkpoint's sampling or repetition settings (see plain_greedy).
-    generation_config: Any = transformers.GenerationConfig  # an untyped constructor
-    config = generation_config(do_sample=False, num_beams=1, max_new_tokens=GENERATE_TOKENS,
-                                           eos_token_id=list(eos_ids) or None, pad_token_id=pad)
     with torch.no_grad(), quiet(), plain_greedy(model):
-        out = model.generate(**{k: torch.from_numpy(v) for k, v in prompts.items()}, generation_config=config,
+        out = model.generate(**{k: torch.from_numpy(v) for k, v in prompts.items()}, do_sample=False,
+                             max_new_tokens=GENERATE_TOKENS, eos_token_id=list(eos_ids) or None, pad_token_id=pad,
                              return_dict_in_generate=True, output_logits=True)
     generated = out.sequences[:, prompts["input_ids"].shape[1]:].numpy()
     return Reference(cases, prompts, generated, tuple(t.numpy() for t in out.logits), eos_ids, pad)

@@ -179,7 +179,9 @@ class TensorRTConverter:
         config = tb.read_config(onnx_dir)
         graph = tb.describe(onnx_dir)
         profiles = tb.profiles_for(graph, config, opts["shapes"])
-        onnx_files = {n: sha256_file(onnx_dir / n) for n in (tb.MODEL_FILE, tb.DATA_FILE) if (onnx_dir / n).is_file()}
+        recorded = request.artifact_digests.get("onnx", {})  # the ONNX files were hashed when they were stored
+        onnx_files = {n: recorded.get(n) or sha256_file(onnx_dir / n) for n in (tb.MODEL_FILE, tb.DATA_FILE)
+                      if (onnx_dir / n).is_file()}
         gpus = detect_gpus()
         built_on = gpus[0].name if gpus and backend == "tensorrt" else None
         engines: dict[str, str] = {}
@@ -232,7 +234,6 @@ class TensorRTConverter:
             engines=engines, build_s=build_s, timing_cache=caches, precision_conversion=how)
         return ConversionResult(verification=verification, known_digests=known, requirements=requirements,
                                 tool_versions={"tensorrt.backend": backend, "tensorrt.version": trt_version})
-
 
 
 def _stage(progress: Progress, name: str) -> contextlib.AbstractContextManager[None]:

@@ -12,6 +12,7 @@ Nothing here imports TensorRT: NVML (pynvml) is imported only when installed, el
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -96,7 +97,15 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
 
 
 def detect_gpus() -> list[Gpu]:
-    """The local NVIDIA GPUs, through NVML when pynvml is installed and works, else nvidia-smi; [] for none."""
+    """The local NVIDIA GPUs, through NVML when pynvml is installed and works, else nvidia-smi; [] for none.
+
+    Probed once per process: a convert asks when checking targets, planning and building.
+    """
+    return list(_probe_gpus())
+
+
+@functools.cache
+def _probe_gpus() -> tuple[Gpu, ...]:
     try:
         import pynvml  # type: ignore[import-not-found,unused-ignore]
 
@@ -108,20 +117,20 @@ def detect_gpus() -> list[Gpu]:
                 name = pynvml.nvmlDeviceGetName(handle)
                 major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
                 out.append(Gpu(name.decode() if isinstance(name, bytes) else str(name), f"sm_{major}{minor}"))
-            return out
+            return tuple(out)
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no pynvml, or no driver: nvidia-smi may still answer
         pass
     exe = shutil.which("nvidia-smi")
     if exe is None:
-        return []
+        return ()
     try:
         done = subprocess.run([exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"], capture_output=True,
                               text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return []
-    return parse_nvidia_smi(done.stdout) if done.returncode == 0 else []
+        return ()
+    return tuple(parse_nvidia_smi(done.stdout)) if done.returncode == 0 else ()
 
 
 def describe_gpus(gpus: Sequence[Gpu]) -> str:
@@ -172,7 +181,6 @@ def engine_for(req: TensorRTRequirements, target: str) -> str | None:
     if req.hardware_compatibility == "ampere+" and int(target[3:]) >= 80 and req.engines:
         return next(iter(req.engines.values()))
     return None
-
 
 
 def check_plan(plan: Path, gpu: Gpu | None, expected_sha256: str | None = None) -> EngineRecord:

@@ -396,7 +396,6 @@ def _verify_one(plan: PullPlan, f: RemoteFile, snap_dir: Path, progress: Progres
                       git_blob_id=f.blob_id if f.lfs_sha256 is None else None)
 
 
-
 def _write_record(cache: Path, folder: str, commit: str, record: PullRecord) -> None:
     path = layout.pull_record_path(cache, folder, commit)
     path.parent.mkdir(parents=True, exist_ok=True)

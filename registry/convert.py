@@ -61,6 +61,10 @@ def _refuse_repeats(normalized: Sequence[tuple[str, dict[str, Any]]]) -> None:
         seen.add(key)
 
 
+#: A target as planned: its converter, normalized options and tool versions.
+Planned = tuple[converters.Converter, dict[str, Any], dict[str, str]]
+
+
 def convert(
     store: LocalStore,
     snapshot: Snapshot,
@@ -123,6 +127,7 @@ def convert(
                     progress=progress,
                     place=_placer(store, staging, conv.format, copy, trusted_before, progress),
                     artifacts={a.format: staging.path / a.path for a in artifacts},
+                    artifact_digests={a.format: {f.path: f.sha256 for f in a.files} for a in artifacts},
                     cache_dir=layout.caches_dir(store.root),
                     name=name,
                 ) for _, opts, _ in group]
@@ -135,9 +140,7 @@ def convert(
                             f"{result.verification.detail or result.verification.method}",
                             hint="nothing was published; with --json, error.details holds the verification "
                                  "record (metrics against tolerances)",
-                            details={"format": conv.format, "options": opts,
-                                     # as manifest.json writes it: non-finite numbers as null
-                                     "verification": json.loads(result.verification.model_dump_json())},
+                            details={"format": conv.format, "options": opts, "verification": result.verification},
                         )
                     others = {rel for r in results if r is not result for rel in r.known_digests}
                     files = staging.ingest(conv.format, result.known_digests, progress, skip=before | others)
@@ -171,9 +174,6 @@ def convert(
     return ConversionOutcome(version, False, time.monotonic() - started)
 
 
-Planned = tuple[converters.Converter, dict[str, Any], dict[str, str]]
-
-
 def _groups(plan: list[Planned]) -> list[list[Planned]]:
     """The plan in runs: targets of a format whose converter has `convert_many` run together, at the first's place.
 
@@ -184,12 +184,12 @@ def _groups(plan: list[Planned]) -> list[list[Planned]]:
     shared: dict[str, list[Planned]] = {}
     for entry in plan:
         conv = entry[0]
-        if hasattr(conv, "convert_many") and conv.format in shared:
+        if not hasattr(conv, "convert_many"):
+            groups.append([entry])
+        elif conv.format in shared:
             shared[conv.format].append(entry)
-            continue
-        groups.append([entry])
-        if hasattr(conv, "convert_many"):
-            shared[conv.format] = groups[-1]
+        else:
+            groups.append(shared.setdefault(conv.format, [entry]))
     return groups
 
 

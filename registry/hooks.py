@@ -47,10 +47,13 @@ def model_policy(raw: dict[str, Any], name: str) -> tuple[Hooks, tuple[str, ...]
         raise UsageError(f"unknown keys in [models.{name}]: {', '.join(sorted(unknown))}",
                          hint=f"known keys: {', '.join(sorted(known))}")
     require = table.get("require", [])
-    if isinstance(require, str) or not all(isinstance(r, str) for r in require):
+    if not isinstance(require, list) or not all(isinstance(r, str) for r in require):
         raise UsageError(f"[models.{name}] require must be a list of strings", hint='e.g. require = ["check:smoke"]')
+    timeout = table.get("ready_timeout", 60.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise UsageError(f"[models.{name}] ready_timeout must be a number of seconds", hint="e.g. ready_timeout = 30")
     hooks = Hooks(reload_cmd=table.get("reload"), reload_url=table.get("reload_url"), ready_url=table.get("ready_url"),
-                  ready_cmd=table.get("ready_cmd"), ready_timeout_s=float(table.get("ready_timeout", 60.0)))
+                  ready_cmd=table.get("ready_cmd"), ready_timeout_s=float(timeout))
     return hooks, tuple(require)
 
 

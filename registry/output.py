@@ -12,6 +12,12 @@ from registry.errors import MregError
 SCHEMA_VERSION = 1
 
 
+def _encode(value: Any) -> Any:
+    """What json cannot write itself: a pydantic model as its own JSON (non-finite numbers as null), else str."""
+    dump = getattr(value, "model_dump_json", None)
+    return json.loads(dump()) if callable(dump) else str(value)
+
+
 class Output:
     """Renders a command's result as text or as one JSON document."""
 
@@ -43,7 +49,7 @@ class Output:
             if err.details is not None:
                 error["details"] = err.details
             doc = {"schema_version": SCHEMA_VERSION, "error": error}
-            sys.stdout.write(json.dumps(doc) + "\n")
+            sys.stdout.write(json.dumps(doc, default=_encode) + "\n")
 
 
 class BarProgress:

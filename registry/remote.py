@@ -22,14 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from manifests import HistoryEntry, Manifest
 from registry import layout, provenance
 from registry.digest import write_hashed
-from registry.errors import Conflict, HubUnavailable, IntegrityError, NotFound
+from registry.errors import Conflict, IntegrityError, NotFound, StoreUnreachable
 from registry.progress import NoProgress, Progress
-from registry.s3store import LEASE_TTL_S, PreconditionFailed, S3Store, wrap_error
+from registry.s3store import LEASE_TTL_S, PreconditionFailed, S3Store
 from registry.store import LocalStore, Version
 from registry.verify import VerifyReport
 
@@ -77,9 +75,6 @@ def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Prog
 
 
 def _upload_blob(local: LocalStore, remote: S3Store, digest: str, advance: Callable[[int], None]) -> None:
-    from boto3.exceptions import S3UploadFailedError
-    from boto3.s3.transfer import TransferConfig
-
     path = layout.blob_path(local.root, digest)
     size = path.stat().st_size
     key = remote.blob_key(digest)
@@ -88,13 +83,7 @@ def _upload_blob(local: LocalStore, remote: S3Store, digest: str, advance: Calla
         remote.put(key, path.read_bytes(), sha256=digest)
         advance(size)
         return
-    config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=PART_SIZE,
-                            max_concurrency=4)
-    try:
-        remote.s3.upload_file(str(path), remote.bucket, key, Config=config, Callback=advance,
-                              ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": {"sha256": digest}})
-    except (ClientError, BotoCoreError, S3UploadFailedError) as e:
-        raise wrap_error(e, f"uploading s3://{remote.bucket}/{key}") from e
+    remote.upload_file(path, key, digest, advance, part_size=PART_SIZE, threshold=MULTIPART_THRESHOLD)
 
 
 @dataclass(frozen=True)
@@ -177,19 +166,15 @@ def _materialize(remote: S3Store, local: LocalStore, manifest: Manifest, raw: by
 
 
 def _download_verified(remote: S3Store, digest: str, dest: Path, progress: Progress, lock: threading.Lock) -> None:
-    try:
-        r = remote.s3.get_object(Bucket=remote.bucket, Key=remote.blob_key(digest))
-    except (ClientError, BotoCoreError) as e:
-        raise wrap_error(e, f"downloading blob {digest[:12]}… from {remote.location}") from e
+    opened = remote.open(remote.blob_key(digest), f"downloading blob {digest[:12]}… from {remote.location}",
+                         missing_ok=False)
+    assert opened is not None
 
     def advance(n: int) -> None:
         with lock:
             progress.advance(n)
 
-    try:
-        actual = write_hashed(dest, r["Body"].iter_chunks(1 << 20), advance)
-    except BotoCoreError as e:  # the connection dropped mid-body (read timeout, reset): the staging is discarded
-        raise wrap_error(e, f"downloading blob {digest[:12]}… from {remote.location}") from e
+    actual = write_hashed(dest, opened[0], advance)  # a dropped connection: one-line error, staging discarded
     if actual != digest:
         raise IntegrityError(
             f"{remote.location}: blob {digest[:12]}… is corrupt (its content hashes to {actual[:12]}…); "
@@ -219,7 +204,7 @@ def watch(remote: S3Store, name: str, alias: str, local: LocalStore, every: floa
             out = sync(remote, name, alias, local)
             if out.changed:
                 on_change(out)
-        except (IntegrityError, NotFound, Conflict, HubUnavailable) as e:  # reported; the next round retries
+        except (IntegrityError, NotFound, Conflict, StoreUnreachable) as e:  # reported; the next round retries
             on_error(e)
         stop.wait(every)
 
@@ -230,18 +215,14 @@ def verify_remote(remote: S3Store, version: Version, workers: int = 8) -> Verify
 
     def check(d: str) -> str | None:
         rel, size = files[d]
-        try:
-            r = remote.s3.get_object(Bucket=remote.bucket, Key=remote.blob_key(d))
-        except ClientError:
+        opened = remote.open(remote.blob_key(d), f"reading blob {d[:12]}… from {remote.location}")
+        if opened is None:
             return f"{rel}: blob {d[:12]}… missing"
         h = hashlib.sha256()
         n = 0
-        try:
-            for chunk in r["Body"].iter_chunks(1 << 20):
-                h.update(chunk)
-                n += len(chunk)
-        except BotoCoreError as e:  # a dropped connection says nothing about the blob: no verdict, an error
-            raise wrap_error(e, f"reading blob {d[:12]}… from {remote.location}") from e
+        for chunk in opened[0]:  # a dropped connection says nothing about the blob: no verdict, an error
+            h.update(chunk)
+            n += len(chunk)
         if n != size or h.hexdigest() != d:
             return f"{rel}: blob {d[:12]}… is corrupt (size {n}, sha256 {h.hexdigest()[:12]}…)"
         return None

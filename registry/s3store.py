@@ -20,8 +20,9 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -52,6 +53,9 @@ def parse_url(url: str) -> tuple[str, str]:
         raise UsageError(f"no bucket in {url!r}", hint="use s3://BUCKET[/PREFIX]")
     return bucket, prefix.strip("/")
 
+
+#: Bytes per chunk when a body is streamed.
+BODY_CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class RemoteObject:
@@ -98,15 +102,56 @@ class S3Store:
         """The key of an alias record."""
         return self.key("models", name, "aliases", f"{alias}.json")
 
-    def get(self, key: str) -> RemoteObject | None:
-        """An object, or None when it does not exist."""
+    def _get_object(self, key: str, doing: str, missing_ok: bool) -> dict[str, Any] | None:
         try:
-            r = self.s3.get_object(Bucket=self.bucket, Key=key)
+            r: dict[str, Any] = self.s3.get_object(Bucket=self.bucket, Key=key)
         except (ClientError, BotoCoreError) as e:
-            if _code(e) in ("NoSuchKey", "404", "NotFound"):
+            if missing_ok and _code(e) in ("NoSuchKey", "404", "NotFound"):
                 return None
-            raise wrap_error(e, f"reading s3://{self.bucket}/{key}") from e
-        return RemoteObject(r["Body"].read(), r["ETag"])
+            raise wrap_error(e, doing) from e
+        return r
+
+    def open(self, key: str, doing: str, *, missing_ok: bool = True) -> tuple[Iterator[bytes], str] | None:
+        """An object's body as chunks while they arrive, and its ETag; None when it does not exist (with missing_ok).
+
+        A failure of the request or in the middle of the body (a dropped connection) is the same
+        one-line error, "{doing} failed: …".
+        """
+        r = self._get_object(key, doing, missing_ok)
+        if r is None:
+            return None
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                yield from r["Body"].iter_chunks(BODY_CHUNK)
+            except BotoCoreError as e:
+                raise wrap_error(e, doing) from e
+
+        return chunks(), r["ETag"]
+
+    def get(self, key: str) -> RemoteObject | None:
+        """A small object (manifest, alias, lease) whole, or None when it does not exist."""
+        doing = f"reading s3://{self.bucket}/{key}"
+        r = self._get_object(key, doing, missing_ok=True)
+        if r is None:
+            return None
+        try:
+            return RemoteObject(r["Body"].read(), r["ETag"])
+        except BotoCoreError as e:  # the connection dropped mid-body
+            raise wrap_error(e, doing) from e
+
+    def upload_file(self, path: Path, key: str, sha256: str, on_bytes: Callable[[int], None], *, part_size: int,
+                    threshold: int) -> None:
+        """A large file as a multipart upload (4 parts in flight), each part checked by the server's SHA-256."""
+        from boto3.exceptions import S3UploadFailedError
+        from boto3.s3.transfer import TransferConfig
+
+        config = TransferConfig(multipart_threshold=threshold, multipart_chunksize=part_size, max_concurrency=4)
+        try:
+            self.s3.upload_file(str(path), self.bucket, key, Config=config, Callback=on_bytes,
+                                ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": {"sha256": sha256}})
+        except (ClientError, BotoCoreError, S3UploadFailedError) as e:
+            raise wrap_error(e, f"uploading s3://{self.bucket}/{key}") from e
 
     def exists(self, key: str) -> bool:
         """Whether an object exists (HEAD)."""

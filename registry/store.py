@@ -459,11 +459,9 @@ class LocalStore:
                         yield p.name, p
 
 
-
 def _same_file(a: Path, b: Path) -> bool:
     sa, sb = a.stat(), b.stat()
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
-
 
 
 def _fsync_tree_dirs(root: Path) -> None:

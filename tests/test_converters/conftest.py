@@ -127,6 +127,14 @@ BUILDERS: dict[str, Callable[..., Path]] = {
 }
 
 
+@pytest.fixture(autouse=True)
+def fresh_gpu_probe() -> None:
+    """Each test starts with no remembered GPU probe (mreg probes once per process; tests fake GPUs)."""
+    from converters.tensorrt_binding import _probe_gpus
+
+    _probe_gpus.cache_clear()
+
+
 @pytest.fixture
 def tiny_model(tmp_path: Path) -> Callable[..., Path]:
     """Build a tiny model of an architecture into tmp_path and return its directory."""

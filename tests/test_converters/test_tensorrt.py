@@ -25,6 +25,7 @@ from converters.tensorrt import CONVERTER, GRAMMAR, parse_spec
 from converters.tensorrt_binding import (
     EngineMismatch,
     Gpu,
+    _probe_gpus,
     check_plan,
     detect_gpus,
     normalize_target,
@@ -171,6 +172,7 @@ def fake_gpu(line: str) -> None:
     exe = Path(os.environ["PATH"].split(os.pathsep)[0]) / "nvidia-smi"
     exe.write_text(f"#!/bin/sh\necho '{line}'\n")
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    _probe_gpus.cache_clear()  # mreg probes once per process; this test's "process" has a new GPU
 
 
 def tensorrt_artifact(store: Path, version: int) -> tuple[dict[str, Any], Path]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,19 @@ def test_bad_config_file(mreg: Any, tmp_path: Path) -> None:
     assert r.exit_code == 2 and "not valid TOML" in r.stderr
     r = mreg("config", "--config", tmp_path / "missing.toml")
     assert r.exit_code == 2 and "does not exist" in r.stderr
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ({"require": "check:smoke"}, "require must be a list of strings"),
+    ({"require": 5}, "require must be a list of strings"),
+    ({"require": {"a": 1}}, "require must be a list of strings"),
+    ({"ready_timeout": "soon"}, "ready_timeout must be a number of seconds"),
+    ({"reloads": "x"}, "unknown keys in [models.m]: reloads"),
+])
+def test_a_bad_models_table_is_a_usage_error(table: dict[str, object], message: str) -> None:
+    from registry.errors import UsageError
+    from registry.hooks import model_policy
+
+    with pytest.raises(UsageError, match=re.escape(message)) as caught:
+        model_policy({"models": {"m": table}}, "m")
+    assert caught.value.hint
