@@ -9,17 +9,21 @@ nox.options.reuse_existing_virtualenvs = True
 PYTHON = "3.11"
 
 
+def _llama_cpp_sdist(session: nox.Session) -> dict[str, str]:
+    """Fetch llama-cpp-python's source package (llama.cpp's real vocabularies and converter) with the rest of
+    the environment, and name it to the tests and benchmarks: they never download it themselves."""
+    out = str(session.run("python", "tests/llama_cpp_source.py", ".nox/llama-cpp-source", silent=True) or "")
+    sdist = next((line.strip() for line in reversed(out.splitlines()) if line.strip().endswith(".tar.gz")), None)
+    if sdist is None:
+        session.error(f"tests/llama_cpp_source.py named no source package: {out.strip()[-500:]}")
+    return {"MREG_LLAMA_CPP_SDIST": sdist}
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Run the test suite (no GPU; the network only here, for the package registry, never in a test)."""
     session.install("-e", ".[test]")
-    # llama.cpp's own vocabulary files and test ids (real Llama 2 / Llama 3 / Qwen tokenizers) come in the
-    # llama-cpp-python source package: fetched here, with the rest of the environment.
-    out = str(session.run("python", "tests/llama_cpp_source.py", ".nox/llama-cpp-source", silent=True) or "")
-    sdist = next((line for line in reversed(out.splitlines()) if line.strip().endswith(".tar.gz")), None)
-    if sdist is None:
-        session.error(f"tests/llama_cpp_source.py named no source package: {out.strip()[-500:]}")
-    session.run("pytest", *session.posargs, env={"MREG_LLAMA_CPP_SDIST": sdist.strip()})
+    session.run("pytest", *session.posargs, env=_llama_cpp_sdist(session))
 
 
 @nox.session(python=PYTHON)
@@ -42,4 +46,4 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks (half an hour, ~15 GB of disk): flips, registration, re-pull, S3, GGUF, ONNX, TensorRT for RTX."""
     session.install("-e", ".[test,bench]")
-    session.run("python", "tests/bench.py", *session.posargs)
+    session.run("python", "tests/bench.py", *session.posargs, env=_llama_cpp_sdist(session))

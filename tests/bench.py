@@ -294,6 +294,7 @@ def _optimum_cli(work: Path) -> tuple[Path | None, str]:
 
 def bench_onnx(work: Path, results: dict[str, Any]) -> None:
     """Export + verification of MiniLM-L6 and of a ~100 M llama, against optimum-cli and a plain torch.onnx.export."""
+    from test_converters.bench_gguf import at_rest
     from tiny_models import build_tiny_llama
 
     models: dict[str, tuple[Path, str, str, str]] = {}
@@ -307,9 +308,7 @@ def bench_onnx(work: Path, results: dict[str, Any]) -> None:
     llama = build_tiny_llama(work / "llama-100m", hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=4,
                              intermediate_size=2560, vocab_size=8192)
     models["llama-100m"] = (llama, "with-past", "text-generation", "text-generation-with-past")
-    old = time.time() - 3600  # a checkpoint at rest: files written seconds before a pull are re-hashed next time
-    for f in llama.iterdir():
-        os.utime(f, (old, old))
+    at_rest(llama)
     optimum, reference = _optimum_cli(work)
     out: dict[str, Any] = {"reference": reference,
                            "plain": "torch.onnx.export(dynamo=True) with its defaults + save, no verification"}
@@ -377,7 +376,7 @@ def bench_tensorrt(work: Path, results: dict[str, Any]) -> None:
     try:
         import tensorrt_rtx  # noqa: F401
     except ImportError:
-        results["tensorrt"] = "tensorrt-rtx-cu13 is not installed"
+        results["tensorrt_rtx"] = "tensorrt-rtx-cu13 is not installed"
         return
     models = {"tiny-llama": build_tiny_llama(work / "trt-tiny"),
               "llama-100m": build_tiny_llama(work / "trt-100m", hidden_size=768, num_layers=12, num_heads=12,

@@ -17,6 +17,7 @@ passes its path in `MREG_LLAMA_CPP_SDIST`. The bench downloads it itself when th
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -28,11 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from converters.gguf_vocab import CONTROL, NORMAL
+
 SDIST_ENV = "MREG_LLAMA_CPP_SDIST"
 #: The vocabularies the tests use, by llama.cpp's name, with the architecture they come from.
 VOCABS = {"llama-spm": "llama", "llama-bpe": "llama", "qwen2": "qwen2"}
 _SEPARATOR = "\n__ggml_vocab_test__\n"
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 
 class Unavailable(Exception):
@@ -144,15 +146,21 @@ class RealVocab:
         return len(self.tokens)
 
 
+def field(reader: Any, key: str, default: Any = None) -> Any:
+    """A GGUF metadata value as Python data, or default when the key is absent."""
+    found = reader.fields.get(key)
+    return default if found is None else found.contents()
+
+
+@functools.cache
 def read_vocab(root: Path, name: str) -> RealVocab:
-    """The vocabulary file `models/ggml-vocab-NAME.gguf`."""
+    """The vocabulary file `models/ggml-vocab-NAME.gguf` (parsed once per process: 2.5 s for a BPE one)."""
     from converters.gguf_verify import gguf_reader
 
     reader = gguf_reader(root / "models" / f"ggml-vocab-{name}.gguf")
 
     def get(key: str, default: Any = None) -> Any:
-        field = reader.fields.get(key)
-        return default if field is None else field.contents()
+        return field(reader, key, default)
 
     return RealVocab(name, VOCABS[name], get("tokenizer.ggml.model"), get("tokenizer.ggml.pre"),
                      get("tokenizer.ggml.tokens"),
@@ -265,6 +273,17 @@ def write_tokenizer(v: RealVocab, dest: Path) -> None:
             doc = {k: val for k, val in json.loads(path.read_text()).items() if k != "pad_token_id"}
             doc.update(ids, **({"vocab_size": v.size} if name == "config.json" else {}))
             path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def build_model(v: RealVocab, dest: Path, **kw: Any) -> Path:
+    """A tiny random model of the vocabulary's architecture carrying its tokenizer (tied embeddings for Qwen,
+    as its small models have); keyword arguments go to tiny_models.build_tiny_llama."""
+    from tiny_models import build_tiny_llama
+
+    build_tiny_llama(dest, model_type=v.architecture, vocab_size=v.size, tie_word_embeddings=v.architecture == "qwen2",
+                     **kw)
+    write_tokenizer(v, dest)
+    return dest
 
 
 if __name__ == "__main__":

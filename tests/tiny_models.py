@@ -1070,3 +1070,12 @@ def build_tiny_bert(
         ],
     )
     return dest
+
+
+def rewrite_config(dest: Path, **changes: Any) -> Path:
+    """config.json of a model directory with some keys changed; the directory."""
+    path = dest / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return dest

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+from convert_cli import artifact
 
 TINYLLAMA = {"hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
              "intermediate_size": 5632, "vocab_size": 32000, "max_position_embeddings": 2048}
@@ -51,13 +52,12 @@ def build_tinyllama(dest: Path, llama_cpp: Path | None) -> tuple[Path, str]:
     SentencePiece model trained on the test corpus stands in (400 pieces: the prompt that verification
     evaluates is then twice as many tokens).
     """
-    from llama_cpp_source import read_vocab, write_tokenizer
+    from llama_cpp_source import build_model, read_vocab
     from test_converters.conftest import build_spm_llama
-    from tiny_models import build_tiny_llama, write_safetensors
+    from tiny_models import write_safetensors
 
     if llama_cpp is not None:
-        build_tiny_llama(dest, dtype="bfloat16")
-        write_tokenizer(read_vocab(llama_cpp, "llama-spm"), dest)
+        build_model(read_vocab(llama_cpp, "llama-spm"), dest, dtype="bfloat16")
         tokenizer = "Llama 2's SentencePiece (32000 pieces), from llama.cpp's models/ggml-vocab-llama-spm.gguf"
     else:
         build_spm_llama(dest, dtype="bfloat16")
@@ -103,10 +103,20 @@ def build_tinyllama(dest: Path, llama_cpp: Path | None) -> tuple[Path, str]:
     config = json.loads((dest / "config.json").read_text())
     config.update(TINYLLAMA, head_dim=h // c["num_attention_heads"], tie_word_embeddings=False)
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    old = time.time() - 3600  # a checkpoint at rest: files written seconds before a pull are re-hashed next time
-    for f in dest.iterdir():
+    return at_rest(dest), tokenizer
+
+
+def at_rest(directory: Path) -> Path:
+    """Files an hour old: mreg re-hashes a local checkpoint written seconds before its last pull."""
+    old = time.time() - 3600
+    for f in directory.iterdir():
         os.utime(f, (old, old))
-    return dest, tokenizer
+    return directory
+
+
+def _convert_hf_to_gguf(src: Path, dest: Path, outtype: str) -> list[str]:
+    """llama.cpp's converter on src (run in the extracted source, with its own gguf-py first on the path)."""
+    return [sys.executable, "convert_hf_to_gguf.py", str(src), "--outfile", str(dest), "--outtype", outtype]
 
 
 def _tree(pid: int) -> list[int]:
@@ -260,6 +270,7 @@ def bench_gguf(work: Path, results: dict[str, Any]) -> None:
     nbytes = sum(p.stat().st_size for p in src.iterdir())
     mreg = str(Path(sys.executable).parent / "mreg")
     env = {**os.environ, "MREG_CACHE_DIR": str(work / "gguf-cache"), "MREG_STORE": str(work / "gguf-store")}
+    ref_env = {**env, "PYTHONPATH": "gguf-py"}
     t_cp, _, _ = _timed(["cp", "-r", str(src), str(work / "cp-copy")], env, warm=[src])
     t_pull, mem_pull, _ = _timed([mreg, "pull", str(src), "--json"], env, warm=[src])
     out: dict[str, Any] = {"tokenizer": tokenizer, "source_bytes": nbytes, "cp_s": round(t_cp, 2),
@@ -282,8 +293,7 @@ def bench_gguf(work: Path, results: dict[str, Any]) -> None:
             ref_out = work / f"ref-{qtype}.gguf"
             ref_runs = []
             for _ in range(2):
-                ref_runs.append(_timed([sys.executable, "convert_hf_to_gguf.py", str(src), "--outfile", str(ref_out),
-                                        "--outtype", qtype.lower()], {**env, "PYTHONPATH": "gguf-py"}, cwd=llama_cpp,
+                ref_runs.append(_timed(_convert_hf_to_gguf(src, ref_out, qtype.lower()), ref_env, cwd=llama_cpp,
                                        warm=[src]))
                 ref_out.unlink(missing_ok=True)
             ref_s, ref_mem, _ = min(ref_runs, key=lambda r: r[0])
@@ -294,8 +304,8 @@ def bench_gguf(work: Path, results: dict[str, Any]) -> None:
         out[qtype] = row
         print(f"gguf {qtype}: {row}", flush=True)
         if qtype == "F16":
-            # the first run's file (named after its model)
-            f16 = work / "gguf-store" / "models" / "b-f16-0" / "versions" / "1" / "gguf" / "b-f16-0-F16.gguf"
+            first, tree = artifact(work / "gguf-store", "b-f16-0", 1, "gguf")  # the first run's file
+            f16 = tree / first["files"][0]["path"]
             out["llama_quantize_F16_to_Q4_K_M_s"] = _llama_quantize(f16, work / "ref-Q4_K_M.gguf", env)
             out["llama_quantize_F16_to_Q8_0_s"] = _llama_quantize(f16, work / "ref-Q8_0.gguf", env, ftype=7)
     # The claim itself: each conversion, verification included, inside 500 MB (page cache counted).
@@ -305,9 +315,8 @@ def bench_gguf(work: Path, results: dict[str, Any]) -> None:
                                            f"c-{qtype.lower()}", "--json"], env, 500)
     if llama_cpp is not None:
         ref_out = work / "ref-capped.gguf"
-        capped["convert_hf_to_gguf F16"] = _capped([sys.executable, "convert_hf_to_gguf.py", str(src), "--outfile",
-                                                    str(ref_out), "--outtype", "f16"],
-                                                   {**env, "PYTHONPATH": "gguf-py"}, 500, cwd=llama_cpp)
+        capped["convert_hf_to_gguf F16"] = _capped(_convert_hf_to_gguf(src, ref_out, "f16"), ref_env, 500,
+                                                   cwd=llama_cpp)
         ref_out.unlink(missing_ok=True)
     out["under_500_mb"] = capped
     print(f"gguf under 500 MB: {capped}", flush=True)

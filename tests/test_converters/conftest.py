@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tiny_models import build_tiny_llama, write_safetensors
+from tiny_models import build_tiny_llama, rewrite_config, write_safetensors
 
 CORPUS = [
     "Hello world! How are you today? I am fine, thank you.",
@@ -35,17 +35,10 @@ def _values(seed: str, shape: tuple[int, ...], norm: bool) -> bytes:
     return v.astype("<f4").tobytes()
 
 
-def _rewrite_config(dest: Path, **changes: Any) -> None:
-    path = dest / "config.json"
-    config = json.loads(path.read_text())
-    config.update(changes)
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-
-
 def build_mistral(dest: Path, **kw: Any) -> Path:
     """A MistralForCausalLM directory: llama weights and tokenizer, Mistral config."""
     build_tiny_llama(dest, **kw)
-    _rewrite_config(dest, architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=None)
+    rewrite_config(dest, architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=None)
     for key in ("attention_bias", "mlp_bias", "pretraining_tp"):
         config = json.loads((dest / "config.json").read_text())
         config.pop(key, None)
@@ -111,7 +104,7 @@ def build_spm_llama(dest: Path, **kw: Any) -> Path:
 def build_llama3_rope(dest: Path, **kw: Any) -> Path:
     """A llama with Llama 3.1's rope scaling, which llama.cpp reads as a rope_freqs tensor."""
     build_tiny_llama(dest, **kw)
-    _rewrite_config(dest, rope_theta=500000.0, rope_scaling={
+    rewrite_config(dest, rope_theta=500000.0, rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64})
     return dest

@@ -38,19 +38,19 @@ def test_each_architecture_converts_loads_and_tokenizes_like_hf(
     src = tiny_model(kind)
     doc = _convert(mreg, src, "Q8_0")
     assert doc["verification"] == {"gguf": "passed"}
-    artifact, path = _version(store_root, "m", doc["version"])
+    art, path = _version(store_root, "m", doc["version"])
     assert path.name == "m-Q8_0.gguf", "named after the model in the store"
     arch = {"qwen2": "qwen2", "qwen3": "qwen3"}.get(kind, "llama")
-    assert artifact["requirements"]["architecture"] == arch and artifact["requirements"]["quantization"] == "Q8_0"
-    assert artifact["options"] == {"type": "Q8_0"} and "gguf" in artifact["tool_versions"]
-    metrics = artifact["verification"]["metrics"]
+    assert art["requirements"]["architecture"] == arch and art["requirements"]["quantization"] == "Q8_0"
+    assert art["options"] == {"type": "Q8_0"} and "gguf" in art["tool_versions"]
+    metrics = art["verification"]["metrics"]
     assert metrics["llama_cpp_loaded"] == 1.0, "llama.cpp loads the file (llama-cpp-python is in the test extra)"
     assert metrics["tokenization_mismatches"] == 0.0 and metrics["tokenization_strings"] >= 5
     reader = gguf.GGUFReader(path)
     assert _field(reader, "general.architecture") == arch
     assert _field(reader, "tokenizer.ggml.model") == ("llama" if kind == "llama-spm" else "gpt2")
     assert "tokenizer.chat_template" in reader.fields
-    counts = artifact["requirements"]["tensor_types"]
+    counts = art["requirements"]["tensor_types"]
     assert set(counts) == {"F32", "Q8_0"} and sum(counts.values()) == len(reader.tensors)
     if kind == "llama3-rope":
         freqs = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
@@ -90,8 +90,8 @@ def test_llama_bos_flag_and_untied_output(mreg: Any, store_root: Path, tiny_mode
 
 def test_fallbacks_are_recorded(mreg: Any, store_root: Path, tiny_model: Callable[..., Path]) -> None:
     src = tiny_model("llama", hidden_size=96, num_heads=3, num_kv_heads=1, intermediate_size=160)
-    artifact, _ = _version(store_root, "m", _convert(mreg, src, "Q4_K_M")["version"])
-    fallbacks = artifact["requirements"]["fallbacks"]
+    art, _ = _version(store_root, "m", _convert(mreg, src, "Q4_K_M")["version"])
+    fallbacks = art["requirements"]["fallbacks"]
     assert fallbacks["blk.0.attn_q.weight"].startswith("Q4_K->Q5_0")
     assert fallbacks["blk.1.ffn_down.weight"].startswith("Q6_K->Q8_0"), "last layer: more bits, 160 columns"
     assert "96 columns" in fallbacks["blk.0.ffn_up.weight"]
@@ -223,8 +223,8 @@ def test_several_types_share_one_read_and_match_separate_runs(mreg: Any, store_r
         other = tmp_path / f"alone-{spec}"  # the same model name (it is in the file's metadata), another store
         one = mreg("convert", src, "--to", f"gguf:{spec}", "--name", "m", "--store", other, "--json")
         assert one.exit_code == 0, one.stderr
-        artifact, _ = _version(other, "m", one.json["version"])
-        assert artifact["files"][0]["sha256"] == together[spec]["files"][0]["sha256"], f"{spec}: same bytes"
+        art, _ = _version(other, "m", one.json["version"])
+        assert art["files"][0]["sha256"] == together[spec]["files"][0]["sha256"], f"{spec}: same bytes"
 
 
 def test_rope_parameters_as_transformers_5_writes_them(mreg: Any, store_root: Path,
@@ -236,11 +236,11 @@ def test_rope_parameters_as_transformers_5_writes_them(mreg: Any, store_root: Pa
     config["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 20000.0}
     (src / "config.json").write_text(json.dumps(config))
     doc = _convert(mreg, src, "F16")
-    artifact, path = _version(store_root, "m", doc["version"])
+    art, path = _version(store_root, "m", doc["version"])
     r = gguf.GGUFReader(path)
     assert _field(r, "llama.rope.freq_base") == pytest.approx(20000.0)
     assert _field(r, "llama.rope.scaling.type") == "linear" and _field(r, "llama.rope.scaling.factor") == 2.0
-    assert artifact["verification"]["status"] == "passed" and "kl_divergence" in artifact["verification"]["metrics"]
+    assert art["verification"]["status"] == "passed" and "kl_divergence" in art["verification"]["metrics"]
 
 
 def test_a_type_given_twice_is_refused_before_any_work(mreg: Any, store_root: Path,

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tiny_models import rewrite_config
 
 from converters import gguf_reference
 from converters.gguf_reference import ReferenceUnsupported, reference_logits
@@ -24,12 +25,6 @@ def _transformers_logits(directory: Path, ids: list[int]) -> np.ndarray[Any, Any
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     with torch.no_grad():
         return np.asarray(model(torch.tensor([ids])).logits[0].numpy())
-
-
-def _edit_config(directory: Path, **changes: Any) -> Path:
-    path = directory / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}, indent=2))
-    return directory
 
 
 def _assert_matches_transformers(directory: Path, ids: list[int] = IDS) -> float:
@@ -74,7 +69,7 @@ def test_logits_equal_transformers(kind: str, kw: dict[str, Any], tiny_model: Ca
     ],
 )
 def test_rope_scaling_equals_transformers(rope: dict[str, Any], tiny_model: Callable[..., Path]) -> None:
-    _assert_matches_transformers(_edit_config(tiny_model("llama"), rope_scaling=rope, rope_theta=50000.0))
+    _assert_matches_transformers(rewrite_config(tiny_model("llama"), rope_scaling=rope, rope_theta=50000.0))
 
 
 def test_rope_parameters_as_transformers_5_saves_them(tiny_model: Callable[..., Path]) -> None:
@@ -87,7 +82,7 @@ def test_rope_parameters_as_transformers_5_saves_them(tiny_model: Callable[..., 
 
 
 def test_mistral_sliding_window_shorter_than_the_prompt(tiny_model: Callable[..., Path]) -> None:
-    _assert_matches_transformers(_edit_config(tiny_model("mistral"), sliding_window=6))
+    _assert_matches_transformers(rewrite_config(tiny_model("mistral"), sliding_window=6))
 
 
 def test_blocks_are_slices_of_the_matrices(tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,7 +116,7 @@ def test_what_is_not_implemented_is_refused(
     change: dict[str, Any], message: str, tiny_model: Callable[..., Path]
 ) -> None:
     with pytest.raises(ReferenceUnsupported, match=message):
-        reference_logits(_edit_config(tiny_model("llama"), **change), IDS)
+        reference_logits(rewrite_config(tiny_model("llama"), **change), IDS)
 
 
 def test_token_ids_outside_the_vocabulary_are_refused(tiny_model: Callable[..., Path]) -> None:
@@ -130,6 +125,6 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_model: Callable[..., 
 
 
 def test_a_missing_tensor_is_named(tiny_model: Callable[..., Path]) -> None:
-    directory = _edit_config(tiny_model("llama"), num_hidden_layers=3)
+    directory = rewrite_config(tiny_model("llama"), num_hidden_layers=3)
     with pytest.raises(ReferenceUnsupported, match=r"no tensor model\.layers\.2\."):
         reference_logits(directory, IDS)

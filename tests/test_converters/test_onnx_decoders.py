@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 from convert_cli import artifact, convert
-from llama_cpp_source import read_vocab, write_tokenizer
-from tiny_models import build_tiny_llama
+from llama_cpp_source import build_model, read_vocab
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -185,10 +184,7 @@ def test_with_past_and_a_real_tokenizer(name: str, llama_cpp_root: Path, mreg: A
                                         tmp_path: Path) -> None:
     """Qwen's and Llama 3's real tokenizers (llama.cpp's vocabulary files, tests/llama_cpp_source.py) on a tiny model:
     verification tokenizes with them, pads on the left with their pad (or EOS) token, and generates."""
-    vocab = read_vocab(llama_cpp_root, name)
-    src = build_tiny_llama(tmp_path / name, model_type=vocab.architecture, vocab_size=vocab.size,
-                           tie_word_embeddings=vocab.architecture == "qwen2")
-    write_tokenizer(vocab, src)
+    src = build_model(read_vocab(llama_cpp_root, name), tmp_path / name)
     doc = convert(mreg, src, "onnx:with-past")
     art, _ = artifact(store_root, "m", doc["version"], "onnx")
     v = art["verification"]

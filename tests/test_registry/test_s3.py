@@ -58,10 +58,10 @@ def _versions(mreg: Any, model_dir: Path, name: str, n: int) -> None:
         assert mreg("convert", model_dir, "--to", "hf", "--name", name).exit_code == 0
 
 
-def _three_pushed_first_promoted(mreg: Any, model_dir: Path, remote_url: str) -> None:
-    """m@1..3 pushed to the remote, production -> 1 there."""
-    _versions(mreg, model_dir, "m", 3)
-    for v in (1, 2, 3):
+def _pushed_first_promoted(mreg: Any, model_dir: Path, remote_url: str, n: int = 3) -> None:
+    """m@1..n pushed to the remote, production -> 1 there."""
+    _versions(mreg, model_dir, "m", n)
+    for v in range(1, n + 1):
         mreg("push", f"m@{v}", remote_url)
     mreg("promote", "m@1", "--store", remote_url)
 
@@ -93,7 +93,7 @@ def test_push_promote_rollback_verify(mreg: Any, model_dir: Path, remote_url: st
 
 def test_no_lost_update_under_ten_concurrent_promoters(mreg: Any, model_dir: Path, remote_url: str,
                                                       s3env: dict[str, str], tmp_path: Path) -> None:
-    _three_pushed_first_promoted(mreg, model_dir, remote_url)
+    _pushed_first_promoted(mreg, model_dir, remote_url)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=workers.s3_promoter, args=(remote_url, "m", [1, 2, 3], 6, seed,
                                                            str(tmp_path / f"p{seed}.json")))
@@ -167,7 +167,7 @@ def test_sigkill_during_push(mreg: Any, tmp_path: Path, remote_url: str, s3env: 
 
 def test_sync_follows_the_alias_under_a_promotion_storm(mreg: Any, model_dir: Path, remote_url: str,
                                                        s3env: dict[str, str], tmp_path: Path) -> None:
-    _three_pushed_first_promoted(mreg, model_dir, remote_url)
+    _pushed_first_promoted(mreg, model_dir, remote_url)
     node = tmp_path / "node"
     env = {**os.environ, **s3env}
     watcher = subprocess.Popen([str(Path(sys.executable).parent / "mreg"), "sync", remote_url, "m", "--store",
@@ -224,9 +224,7 @@ def test_sync_follows_the_alias_under_a_promotion_storm(mreg: Any, model_dir: Pa
 
 def test_corrupt_remote_blob_is_never_published_locally(mreg: Any, model_dir: Path, remote_url: str,
                                                         s3server: SeaweedS3, tmp_path: Path) -> None:
-    _versions(mreg, model_dir, "m", 1)
-    mreg("push", "m@1", remote_url)
-    mreg("promote", "m@1", "--store", remote_url)
+    _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
     store = S3Store(remote_url)
     weights = next(f for f in store.version("m", 1).manifest.artifacts[0].files if f.path == "model.safetensors")
     s3server.client().put_object(Bucket=BUCKET, Key=store.blob_key(weights.sha256), Body=b"\0" * weights.size)
@@ -245,9 +243,7 @@ def test_a_download_cut_mid_body_exits_9_and_publishes_nothing(
     from botocore.exceptions import ResponseStreamingError
     from botocore.response import StreamingBody
 
-    _versions(mreg, model_dir, "m", 1)
-    mreg("push", "m@1", remote_url)
-    mreg("promote", "m@1", "--store", remote_url)
+    _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
     real = StreamingBody.iter_chunks
 
     def cut(self: StreamingBody, chunk_size: int = 1024) -> Iterator[bytes]:
@@ -295,9 +291,7 @@ def test_remote_gc_sweeps_only_old_unreferenced_blobs(mreg: Any, model_dir: Path
 
 def test_sync_is_idempotent_and_local_only_commands_refuse_s3(mreg: Any, model_dir: Path, remote_url: str,
                                                              tmp_path: Path) -> None:
-    _versions(mreg, model_dir, "m", 1)
-    mreg("push", "m@1", remote_url)
-    mreg("promote", "m@1", "--store", remote_url)
+    _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
     node = LocalStore(tmp_path / "node")
     first = sync(S3Store(remote_url), "m", "production", node)
     again = sync(S3Store(remote_url), "m", "production", node)
@@ -311,7 +305,7 @@ def test_sync_is_idempotent_and_local_only_commands_refuse_s3(mreg: Any, model_d
 
 def test_a_lost_race_through_the_cli_exits_5(mreg: Any, model_dir: Path, remote_url: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    _three_pushed_first_promoted(mreg, model_dir, remote_url)
+    _pushed_first_promoted(mreg, model_dir, remote_url)
     real = S3Store.alias_record
     raced = []
 
@@ -380,9 +374,7 @@ def test_watch_reports_an_unreachable_store_and_keeps_following(
     from registry import remote
     from registry.errors import StoreUnreachable
 
-    _versions(mreg, model_dir, "m", 1)
-    mreg("push", "m@1", remote_url)
-    mreg("promote", "m@1", "--store", remote_url)
+    _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
     real, rounds, errors, changes = remote.sync, [], [], []
     stop = threading.Event()
 
