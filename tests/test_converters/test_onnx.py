@@ -7,6 +7,7 @@ Runtime; a tampered export (a scaled or NaN weight) must fail verification and p
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -35,7 +36,8 @@ needs_onnx = pytest.mark.skipif(not _have_heavy(), reason="needs mreg[onnx] (tor
 
 
 def _opts(**changes: Any) -> dict[str, Any]:
-    return {"dtype": "fp32", "quantize": None, "optimize": False, "with_past": False, "exporter": "dynamo", **changes}
+    return {"dtype": "fp32", "quantize": None, "optimize": False, "with_past": False, "exporter": "torchscript",
+            **changes}
 
 
 @pytest.mark.parametrize(("spec", "expected"), [
@@ -44,7 +46,7 @@ def _opts(**changes: Any) -> dict[str, Any]:
     ("with-past, FP16", _opts(dtype="fp16", with_past=True)),
     ("int8,optimize", _opts(quantize="int8", optimize=True)),
     ("fp32,optimize,with-past", _opts(optimize=True, with_past=True)),
-    ("torchscript,with-past", _opts(with_past=True, exporter="torchscript")),
+    ("dynamo,with-past", _opts(with_past=True, exporter="dynamo")),
 ])
 def test_spec_normalizes(spec: str, expected: dict[str, Any]) -> None:
     assert parse_spec(spec) == expected
@@ -71,6 +73,29 @@ def test_spec_refusals_name_the_grammar(spec: str, message: str) -> None:
 def test_options_refuse_unknown_keys() -> None:
     with pytest.raises(UsageError, match="takes only a spec"):
         CONVERTER.options({"dtype": "fp16"})
+
+
+@needs_onnx
+def test_the_process_ends_without_tearing_torch_down(bert: Path, tmp_path: Path) -> None:
+    """After torch was imported, `mreg` ends with os._exit: exit code, buffered output and exit handlers intact."""
+    env = {**os.environ, "MREG_STORE": str(tmp_path / "store"), "MREG_CACHE_DIR": str(tmp_path / "cache")}
+    mreg_bin = str(Path(sys.executable).parent / "mreg")
+    done = subprocess.run([mreg_bin, "convert", bert, "--to", "onnx", "--name", "m", "--json"], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verification"] == {"onnx": "passed"}, "the whole document reached the pipe"
+    # An error after torch was imported keeps its exit code; atexit handlers still run; module teardown does not.
+    marker = tmp_path / "atexit-ran"
+    code = ("import atexit, pathlib, sys, torch; "
+            f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes'); "
+            "Teardown = type('Teardown', (), {'__del__': lambda self: print('torn down', file=sys.stderr)}); "
+            "sentinel = Teardown(); "
+            "sys.argv = ['mreg', 'resolve', 'nosuch@production', '--json']; "
+            "from registry.cli import run; run()")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 3 and json.loads(done.stdout)["error"]["type"] == "ModelNotFound", done.stderr
+    assert marker.read_text() == "yes" and "torn down" not in done.stderr
 
 
 def test_planning_imports_no_heavy_library() -> None:
@@ -184,6 +209,21 @@ def test_encoder_exports_verifies_and_is_reused(mreg: Any, bert: Path, store_roo
     graph16 = onnx.load(str(tree16 / "model.onnx"), load_external_data=False)
     assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph16.graph.initializer)
     assert graph16.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT, "outputs stay float32"
+
+
+@needs_onnx
+def test_a_model_over_the_in_memory_limit_goes_through_a_file(mreg: Any, bert: Path, store_root: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over protobuf's limit the TorchScript graph is written to a temporary file: the same files come out."""
+    from converters import onnx_export
+
+    first = convert(mreg, bert, "onnx", "mem")
+    monkeypatch.setattr(onnx_export, "IN_MEMORY_MAX_BYTES", 0)
+    second = convert(mreg, bert, "onnx", "file")
+    digests = [{f["path"]: f["sha256"] for f in artifact(store_root, name, doc["version"], "onnx")[0]["files"]}
+               for name, doc in (("mem", first), ("file", second))]
+    assert second["verification"] == {"onnx": "passed"} and digests[0] == digests[1]
+    assert not list((store_root / "tmp").rglob(".ts-*")), "the temporary file is gone"
 
 
 @needs_onnx

@@ -122,13 +122,13 @@ def test_with_past_is_refused_for_an_encoder(mreg: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_torchscript_exporter_is_verified_like_dynamo(kind: str, mreg: Any, store_root: Path,
+def test_dynamo_exporter_is_verified_like_torchscript(kind: str, mreg: Any, store_root: Path,
                                                       tiny_model: Callable[..., Path]) -> None:
-    """The traced graph must generate like transformers from the published tree, one token at a time."""
-    doc = convert(mreg, tiny_model(kind), "onnx:with-past,torchscript")
+    """torch.export's graph must generate like transformers from the published tree, one token at a time."""
+    doc = convert(mreg, tiny_model(kind), "onnx:with-past,dynamo")
     art, tree = artifact(store_root, "m", doc["version"], "onnx")
     v = art["verification"]
-    assert art["options"]["exporter"] == "torchscript" and v["status"] == "passed"
+    assert art["options"]["exporter"] == "dynamo" and v["status"] == "passed"
     assert v["metrics"]["generation.tokens_equal"] == 1.0 and v["metrics"]["logits.max_abs_diff"] <= 1e-4
     _decode_from_the_published_tree(tree, kind)
 
