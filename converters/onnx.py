@@ -21,6 +21,7 @@ torch, transformers, onnx and onnxruntime are imported only when a conversion ru
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import tempfile
 from collections.abc import Callable
@@ -159,7 +160,6 @@ class ONNXConverter:
         with _stage(progress, "loading the model"):
             model, tokenizer = ex.load(directory, task)
             sig = ex.signature(model, tokenizer, task, opts["with_past"])
-            ref = onnx_verify.reference(model, tokenizer, sig)
         # Each transform reads the previous stage's directory; the last stage writes into the artifact tree.
         transforms: list[tuple[str, Callable[[Path, Path], object]]] = []
         if opts["dtype"] == "fp16":
@@ -170,7 +170,7 @@ class ONNXConverter:
             transforms.append(("optimization", lambda src, dest: ex.optimize(src, dest, PROVIDER)))
         outputs = [tmp / str(i) for i in range(len(transforms))] + [request.workdir]
         with _stage(progress, "export"):
-            ex.export(model, sig, outputs[0], opts["exporter"])
+            ref = _export_beside_reference(model, tokenizer, sig, outputs[0], opts["exporter"])
         del model  # the reference is computed: free the weights before ONNX Runtime loads its copy
         for i, (step, run) in enumerate(transforms):
             with _stage(progress, step):
@@ -188,6 +188,28 @@ class ONNXConverter:
         extra = {"onnx.ir_version": str(graph["ir_version"]),
                  "onnx.opsets": ",".join(f"{d}={v}" for d, v in sorted(graph["opsets"].items()))}
         return ConversionResult(verification=verification, known_digests=known, tool_versions=extra)
+
+
+def _export_beside_reference(model: Any, tokenizer: Any, sig: Any, dest: Path, exporter: Any) -> Any:
+    """Export, and compute PyTorch's reference outputs; for TorchScript, both at once.
+
+    The TorchScript tracer's state is per thread (transformers checks it through torch.jit.is_tracing),
+    so the reference runs the untraced model in a second thread while the main one traces, reading
+    the same weights; dynamo's export patches process-wide state, so it runs alone, after the reference.
+    The process-wide quiet() is held around both, so that their own quiet() blocks, which may end in any
+    order, all restore the same state.
+    """
+    from converters import onnx_export as ex
+    from converters import onnx_verify
+
+    if exporter != "torchscript":
+        ref = onnx_verify.reference(model, tokenizer, sig)
+        ex.export(model, sig, dest, exporter)
+        return ref
+    with ex.quiet(), concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mreg-reference") as pool:
+        pending = pool.submit(onnx_verify.reference, model, tokenizer, sig)
+        ex.export(model, sig, dest, exporter)
+        return pending.result()
 
 
 CONVERTER = ONNXConverter()

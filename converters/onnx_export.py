@@ -18,6 +18,7 @@ so small and >2 GB models have the same tree: `model.onnx` + `model.onnx.data`.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import sys
@@ -282,8 +283,6 @@ def _export_torchscript(model: Any, sig: Signature, dest: Path) -> None:
     for it. transformers takes the traced path into account (e.g. it builds the attention mask
     instead of skipping it when the example has no padding).
     """
-    import io
-
     import onnx
     import torch
 
@@ -294,16 +293,33 @@ def _export_torchscript(model: Any, sig: Signature, dest: Path) -> None:
     with quiet(), torch.no_grad():
         if weights < IN_MEMORY_MAX_BYTES:
             # Under protobuf's 2 GB limit the graph comes back as bytes: no temporary file to write and read.
-            buffer = io.BytesIO()
+            kept = _Kept()
             # (typed for paths, but the TorchScript exporter writes to a file object as it always has)
-            torch.onnx.export(_wrapper(model, sig), args, buffer, **options)  # type: ignore[arg-type]
-            proto = onnx.load_model_from_string(buffer.getvalue())
-            del buffer
+            torch.onnx.export(_wrapper(model, sig), args, kept, **options)  # type: ignore[arg-type]
+            proto = onnx.ModelProto()
+            proto.ParseFromString(kept.chunks[0] if len(kept.chunks) == 1 else b"".join(kept.chunks))
+            del kept
             save(proto, dest)
             return
         with tempfile.TemporaryDirectory(prefix=".ts-", dir=dest.parent) as tmp:
             torch.onnx.export(_wrapper(model, sig), args, str(Path(tmp) / MODEL_FILE), **options)
             save(load_proto(Path(tmp)), dest)
+
+
+class _Kept(io.BytesIO):
+    """A file object that keeps the bytes objects written to it instead of copying them into a buffer.
+
+    The serialized graph is as large as the weights: a copy would cost their size again in memory.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chunks: list[bytes] = []
+
+    def write(self, data: Any, /) -> int:
+        """Keep `data` (a copy only when it is not an immutable bytes object)."""
+        self.chunks.append(data if isinstance(data, bytes) else bytes(data))
+        return len(self.chunks[-1])
 
 
 def save(proto: Any, dest: Path, check: bool = True) -> Path:

@@ -191,3 +191,30 @@ def test_with_past_and_a_real_tokenizer(name: str, llama_cpp_root: Path, mreg: A
     assert v["status"] == "passed", v["detail"]
     assert v["metrics"]["generation.tokens_equal"] == 1.0 and v["metrics"]["logits.top1_agreement"] == 1.0
     assert any(len(text) > 20 for text in v["inputs"]), "real text went through the real tokenizer"
+
+
+def test_the_reference_beside_the_trace_is_the_reference_alone(tiny_model: Callable[..., Path],
+                                                                tmp_path: Path) -> None:
+    """PyTorch's reference runs in a second thread while TorchScript traces: neither may see the other."""
+    import sys
+
+    import numpy as np
+
+    from converters import onnx_export as ex
+    from converters import onnx_verify
+    from converters.onnx import _export_beside_reference
+
+    model, tokenizer = ex.load(tiny_model("qwen3"), "text-generation")
+    sig = ex.signature(model, tokenizer, "text-generation", True)
+    alone = onnx_verify.reference(model, tokenizer, sig)
+    ex.export(model, sig, tmp_path / "alone", "torchscript")
+    stdout = sys.stdout
+    beside = _export_beside_reference(model, tokenizer, sig, tmp_path / "beside", "torchscript")
+    assert sys.stdout is stdout, "the quiet() blocks of both threads restored the real stdout"
+    for a, b in zip(alone.cases, beside.cases, strict=True):
+        assert a.outputs.keys() == b.outputs.keys()
+        assert all(np.array_equal(a.outputs[k], b.outputs[k]) for k in a.outputs)
+    assert alone.generated is not None and beside.generated is not None
+    assert np.array_equal(alone.generated, beside.generated)
+    for name in (ex.MODEL_FILE, ex.DATA_FILE):
+        assert (tmp_path / "alone" / name).read_bytes() == (tmp_path / "beside" / name).read_bytes(), name
