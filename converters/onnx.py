@@ -24,7 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -160,6 +160,7 @@ class ONNXConverter:
         with _stage(progress, "loading the model"):
             model, tokenizer = ex.load(directory, task)
             sig = ex.signature(model, tokenizer, task, opts["with_past"])
+            probe = onnx_verify.probes(model, tokenizer, sig)
         # Each transform reads the previous stage's directory; the last stage writes into the artifact tree.
         transforms: list[tuple[str, Callable[[Path, Path], object]]] = []
         if opts["dtype"] == "fp16":
@@ -169,16 +170,19 @@ class ONNXConverter:
         if opts["optimize"]:
             transforms.append(("optimization", lambda src, dest: ex.optimize(src, dest, PROVIDER)))
         outputs = [tmp / str(i) for i in range(len(transforms))] + [request.workdir]
-        with _stage(progress, "export"):
-            ref = _export_beside_reference(model, tokenizer, sig, outputs[0], opts["exporter"])
-        del model  # the reference is computed: free the weights before ONNX Runtime loads its copy
-        for i, (step, run) in enumerate(transforms):
-            with _stage(progress, step):
-                run(outputs[i], outputs[i + 1])
-        versions = self.tool_versions()
-        with _stage(progress, "verification in ONNX Runtime"):
-            verification = onnx_verify.verify(request.workdir, sig, ref, precision(opts), PROVIDER, request.source,
-                                              versions)
+        beside = opts["exporter"] == "torchscript"
+        with _pytorch_reference(model, sig, probe, progress, beside) as reference:
+            with _stage(progress, "export"):
+                ex.export(model, sig, outputs[0], opts["exporter"])
+            del model  # once the reference is done with them, the weights are freed before ONNX Runtime loads its copy
+            for i, (step, run) in enumerate(transforms):
+                with _stage(progress, step):
+                    run(outputs[i], outputs[i + 1])
+            versions = self.tool_versions()
+            with _stage(progress, "verification in ONNX Runtime"):
+                ran = onnx_verify.run(request.workdir, sig, probe, PROVIDER)
+                verification = onnx_verify.verify(ran, reference(), probe, sig, precision(opts), PROVIDER,
+                                                  request.source, versions)
         known = {}
         present = {f.path: f for f in request.source.files}
         for name in SIDE_FILES:
@@ -190,26 +194,31 @@ class ONNXConverter:
         return ConversionResult(verification=verification, known_digests=known, tool_versions=extra)
 
 
-def _export_beside_reference(model: Any, tokenizer: Any, sig: Any, dest: Path, exporter: Any) -> Any:
-    """Export, and compute PyTorch's reference outputs; for TorchScript, both at once.
+@contextlib.contextmanager
+def _pytorch_reference(model: Any, sig: Any, probe: Any, progress: Progress,
+                       beside: bool) -> Iterator[Callable[[], Any]]:
+    """PyTorch's outputs on the probes, for the block to read through the function it is given.
 
+    `beside`: computed in a second thread while the block exports, transforms and runs ONNX Runtime.
     The TorchScript tracer's state is per thread (transformers checks it through torch.jit.is_tracing),
-    so the reference runs the untraced model in a second thread while the main one traces, reading
-    the same weights; dynamo's export patches process-wide state, so it runs alone, after the reference.
-    The process-wide quiet() is held around both, so that their own quiet() blocks, which may end in any
-    order, all restore the same state.
+    so the untraced model runs there while the main thread traces, reading the same weights. One
+    process-wide quiet() is held around the block, so that the two threads' own quiet() blocks, which
+    may end in any order, all restore the same state. Otherwise (dynamo's export patches process-wide
+    state) they are computed first, before the block.
     """
     from converters import onnx_export as ex
     from converters import onnx_verify
 
-    if exporter != "torchscript":
-        ref = onnx_verify.reference(model, tokenizer, sig)
-        ex.export(model, sig, dest, exporter)
-        return ref
+    if not beside:
+        with _stage(progress, "PyTorch reference"):
+            ref = onnx_verify.reference(model, sig, probe)
+        del model  # the caller's reference is then the last one
+        yield lambda: ref
+        return
     with ex.quiet(), concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mreg-reference") as pool:
-        pending = pool.submit(onnx_verify.reference, model, tokenizer, sig)
-        ex.export(model, sig, dest, exporter)
-        return pending.result()
+        pending = pool.submit(onnx_verify.reference, model, sig, probe)
+        del model  # the thread holds it until the reference is computed
+        yield pending.result
 
 
 CONVERTER = ONNXConverter()

@@ -1,9 +1,9 @@
 """Verification of an ONNX export: ONNX Runtime against PyTorch on real tokens, and greedy generation.
 
-PyTorch's outputs are computed first, from the loaded transformers model itself (not the export
-wrapper), before the export touches anything. Then the written files are loaded by ONNX Runtime and
-run on the same token batches: one unpadded sequence, a left-padded batch of two and a right-padded
-batch of three of different lengths. Every output is compared on the real (unmasked) tokens; a NaN
+The probes are tokenized once. PyTorch's outputs come from the loaded transformers model itself (not
+the export wrapper); the written files are loaded by ONNX Runtime and run on the same token batches:
+one unpadded sequence, a left-padded batch of two and a right-padded batch of three of different
+lengths. Every output is compared on the real (unmasked) tokens; a NaN
 or Inf anywhere in any output fails. With past key/values, 16 greedy tokens from left-padded prompts,
 fed back through the KV cache, must equal `model.generate`'s.
 """
@@ -60,23 +60,30 @@ THRESHOLDS = {
 
 @dataclass(frozen=True)
 class Case:
-    """One compared batch: its description, token inputs and PyTorch outputs."""
+    """One compared batch: its description and token inputs."""
 
     label: str
     feeds: dict[str, Array]
-    outputs: dict[str, Array]
 
 
 @dataclass(frozen=True)
-class Reference:
-    """Everything PyTorch said, computed before the export."""
+class Probes:
+    """The inputs both sides run, from the model's tokenizer: the batches and, with past, the prompts."""
 
     cases: tuple[Case, ...]
     prompts: dict[str, Array] = field(default_factory=dict)
-    generated: Array | None = None
-    step_logits: tuple[Array, ...] = ()
     eos: tuple[int, ...] = ()
     pad: int = 0
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What one runtime (PyTorch or ONNX Runtime) said on the probes: each case's outputs, and with
+    past the generated tokens and each step's logits."""
+
+    cases: tuple[dict[str, Array], ...]
+    generated: Array | None = None
+    step_logits: tuple[Array, ...] = ()
 
 
 def _positions(mask: Array) -> Array:
@@ -92,10 +99,8 @@ def _encode(tokenizer: Any, texts: tuple[str, ...], side: str, max_length: int) 
     return {k: np.asarray(v, dtype=np.int64) for k, v in enc.items()}
 
 
-def reference(model: Any, tokenizer: Any, sig: Signature) -> Reference:
-    """Run the transformers model on the verification batches (and generate, with past) in PyTorch."""
-    import torch
-
+def probes(model: Any, tokenizer: Any, sig: Signature) -> Probes:
+    """Tokenize the verification batches (and the generation prompts, with past) for this graph's inputs."""
     limit = min(MAX_TOKENS, int(getattr(model.config, "max_position_embeddings", MAX_TOKENS) or MAX_TOKENS))
     cases = []
     for texts, side in BATCHES:
@@ -103,38 +108,50 @@ def reference(model: Any, tokenizer: Any, sig: Signature) -> Reference:
         feeds = {n: enc[n] for n in sig.inputs if n in enc}
         if "position_ids" in sig.inputs:
             feeds["position_ids"] = _positions(feeds["attention_mask"])
-        # Encoders such as DistilBERT take no use_cache argument.
-        extra = {"use_cache": sig.with_past} if sig.task == "text-generation" else {}
-        with torch.no_grad():
-            out = model(**{k: torch.from_numpy(v) for k, v in feeds.items()}, **extra)
-        outputs = {sig.outputs[0]: (out.logits if sig.task == "text-generation" else out.last_hidden_state).numpy()}
-        if sig.with_past:
-            for i, layer in enumerate(cache_of(out).layers):
-                outputs[f"present.{i}.key"], outputs[f"present.{i}.value"] = layer.keys.numpy(), layer.values.numpy()
         batch, length = feeds["input_ids"].shape
         padding = f"{side}-padded" if (feeds["attention_mask"] == 0).any() else "no padding"
-        cases.append(Case(f"batch {batch} x {length} tokens, {padding}", feeds, outputs))
+        cases.append(Case(f"batch {batch} x {length} tokens, {padding}", feeds))
     if not sig.with_past:
-        return Reference(tuple(cases))
-    return _generate(model, tokenizer, tuple(cases), limit)
-
-
-def _generate(model: Any, tokenizer: Any, cases: tuple[Case, ...], limit: int) -> Reference:
-    """transformers' own greedy generation: the sequence the ONNX model must reproduce token for token."""
-    import torch
-
+        return Probes(tuple(cases))
     eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else \
         model.config.eos_token_id
     eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
-    pad = int(tokenizer.pad_token_id)
     prompts = _encode(tokenizer, TEXTS[0:2], "left", limit - GENERATE_TOKENS)
+    return Probes(tuple(cases), prompts, eos_ids, int(tokenizer.pad_token_id))
+
+
+def reference(model: Any, sig: Signature, probe: Probes) -> Outputs:
+    """Run the transformers model on the probes in PyTorch (and generate, with past)."""
+    import torch
+
+    outputs = []
+    for case in probe.cases:
+        # Encoders such as DistilBERT take no use_cache argument.
+        extra = {"use_cache": sig.with_past} if sig.task == "text-generation" else {}
+        with torch.no_grad():
+            out = model(**{k: torch.from_numpy(v) for k, v in case.feeds.items()}, **extra)
+        got = {sig.outputs[0]: (out.logits if sig.task == "text-generation" else out.last_hidden_state).numpy()}
+        if sig.with_past:
+            for i, layer in enumerate(cache_of(out).layers):
+                got[f"present.{i}.key"], got[f"present.{i}.value"] = layer.keys.numpy(), layer.values.numpy()
+        outputs.append(got)
+    if not sig.with_past:
+        return Outputs(tuple(outputs))
+    generated, logits = _generate(model, probe)
+    return Outputs(tuple(outputs), generated, logits)
+
+
+def _generate(model: Any, probe: Probes) -> tuple[Array, tuple[Array, ...]]:
+    """transformers' own greedy generation: the sequence the ONNX model must reproduce token for token."""
+    import torch
+
     # Plain greedy decoding: none of the checkpoint's sampling or repetition settings (see plain_greedy).
     with torch.no_grad(), quiet(), plain_greedy(model):
-        out = model.generate(**{k: torch.from_numpy(v) for k, v in prompts.items()}, do_sample=False,
-                             max_new_tokens=GENERATE_TOKENS, eos_token_id=list(eos_ids) or None, pad_token_id=pad,
-                             return_dict_in_generate=True, output_logits=True)
-    generated = out.sequences[:, prompts["input_ids"].shape[1]:].numpy()
-    return Reference(cases, prompts, generated, tuple(t.numpy() for t in out.logits), eos_ids, pad)
+        out = model.generate(**{k: torch.from_numpy(v) for k, v in probe.prompts.items()}, do_sample=False,
+                             max_new_tokens=GENERATE_TOKENS, eos_token_id=list(probe.eos) or None,
+                             pad_token_id=probe.pad, return_dict_in_generate=True, output_logits=True)
+    generated = out.sequences[:, probe.prompts["input_ids"].shape[1]:].numpy()
+    return generated, tuple(t.numpy() for t in out.logits)
 
 
 def session(path: Path, provider: str) -> Any:
@@ -187,9 +204,9 @@ def _merge(into: dict[str, float], new: dict[str, float]) -> None:
         into[k] = worse(into[k], v) if k in into else v
 
 
-def _greedy(sess: Any, sig: Signature, ref: Reference) -> tuple[Array, list[Array]]:
+def _greedy(sess: Any, sig: Signature, probe: Probes) -> tuple[Array, list[Array]]:
     """Greedy decoding through the ONNX model with its KV cache, stopping rows as generate does."""
-    ids, mask = ref.prompts["input_ids"], ref.prompts["attention_mask"]
+    ids, mask = probe.prompts["input_ids"], probe.prompts["attention_mask"]
     positions = _positions(mask)
     batch = ids.shape[0]
     past = _empty_past(sess, sig, batch)
@@ -200,9 +217,9 @@ def _greedy(sess: Any, sig: Signature, ref: Reference) -> tuple[Array, list[Arra
                                                                  "position_ids": positions, **past}), strict=True))
         step = out["logits"][:, -1].astype(np.float32)
         logits.append(step)
-        nxt = np.where(done, ref.pad, step.argmax(axis=-1)).astype(np.int64)
+        nxt = np.where(done, probe.pad, step.argmax(axis=-1)).astype(np.int64)
         tokens.append(nxt)
-        done |= np.isin(nxt, ref.eos)
+        done |= np.isin(nxt, probe.eos)
         if done.all():
             break
         past = {p: out["present." + p.removeprefix("past_key_values.")] for p in sig.past_inputs}
@@ -211,20 +228,30 @@ def _greedy(sess: Any, sig: Signature, ref: Reference) -> tuple[Array, list[Arra
     return np.stack(tokens, axis=1), logits
 
 
-def verify(path: Path, sig: Signature, ref: Reference, precision: str, provider: str, source: SourceInfo,
-           versions: dict[str, str]) -> Verification:
-    """Run the written model in ONNX Runtime on the reference batches and judge it by the precision's thresholds."""
-    limits = THRESHOLDS[precision]
+def run(path: Path, sig: Signature, probe: Probes, provider: str) -> Outputs:
+    """Run the written model in ONNX Runtime on the probes (and generate through its KV cache, with past)."""
     sess = session(path, provider)
-    metrics: dict[str, float] = {}
-    for case in ref.cases:
+    outputs = []
+    for case in probe.cases:
         feeds = {**case.feeds, **(_empty_past(sess, sig, case.feeds["input_ids"].shape[0]) if sig.with_past else {})}
-        got = dict(zip(sig.outputs, sess.run(list(sig.outputs), feeds), strict=True))
+        outputs.append(dict(zip(sig.outputs, sess.run(list(sig.outputs), feeds), strict=True)))
+    if not sig.with_past:
+        return Outputs(tuple(outputs))
+    tokens, logits = _greedy(sess, sig, probe)
+    return Outputs(tuple(outputs), tokens, tuple(logits))
+
+
+def verify(ran: Outputs, ref: Outputs, probe: Probes, sig: Signature, precision: str, provider: str,
+           source: SourceInfo, versions: dict[str, str]) -> Verification:
+    """Judge ONNX Runtime's outputs against PyTorch's by the precision's thresholds."""
+    limits = THRESHOLDS[precision]
+    metrics: dict[str, float] = {}
+    for case, got, want in zip(probe.cases, ran.cases, ref.cases, strict=True):
         for name in sig.outputs:
-            _merge(metrics, compare(name, got[name], case.outputs[name], case.feeds["attention_mask"]))
-    inputs = [c.label for c in ref.cases]
-    if ref.generated is not None:
-        tokens, logits = _greedy(sess, sig, ref)
+            _merge(metrics, compare(name, got[name], want[name], case.feeds["attention_mask"]))
+    inputs = [c.label for c in probe.cases]
+    if ref.generated is not None and ran.generated is not None:
+        tokens, logits = ran.generated, ran.step_logits
         same = tokens.shape == ref.generated.shape and bool((tokens == ref.generated).all())
         steps = min(len(logits), len(ref.step_logits))
         metrics["generation.tokens"] = float(ref.generated.size)

@@ -296,7 +296,7 @@ def _optimum_cli(work: Path) -> tuple[Path | None, str]:
 
 def bench_onnx(work: Path, results: dict[str, Any]) -> None:
     """Export + verification of MiniLM-L6 and of a ~100 M llama, against optimum-cli and a plain torch.onnx.export."""
-    from test_converters.bench_gguf import at_rest
+    from test_converters.bench_gguf import _settle, at_rest
     from tiny_models import build_tiny_llama
 
     models: dict[str, tuple[Path, str, str, str]] = {}
@@ -319,12 +319,14 @@ def bench_onnx(work: Path, results: dict[str, Any]) -> None:
     optimum_imports = [str(optimum.parent / "python") if optimum else "", "-c",
                        "import torch, transformers, onnx, onnxruntime, optimum.exporters.onnx"]
 
-    def best_of_two(cmds: list[list[str | Path]], warm: list[str], outputs: list[Path],
+    def best_of_two(cmds: list[list[str | Path]], warm: list[str], outputs: list[Path], reads: Path,
                     env: dict[str, str] | None = None) -> dict[str, Any]:
-        """The faster of two runs (one command each), each after the tool's imports were loaded once."""
+        """The faster of two runs (one command each), each from the same start (bench_gguf._settle): the
+        previous run's writeback done, page cache dropped, then the tool's imports and the files it reads
+        (mreg: its cache's copy of the model; the others: the source) loaded once."""
         runs = []
         for cmd, output in zip(cmds, outputs, strict=True):
-            subprocess.run(warm, check=False, capture_output=True)  # no run pays a cold-cache start
+            _settle([reads], imports=warm)
             runs.append(_measured(cmd, env=env))
             if output is not outputs[-1]:
                 _rm(output)
@@ -342,7 +344,7 @@ def bench_onnx(work: Path, results: dict[str, Any]) -> None:
             target = f"onnx:{exporter}" + (f",{spec}" if spec else "")
             row[f"mreg_convert_{exporter}"] = best_of_two(
                 [[BIN / "mreg", "convert", src, "--to", target, "--name", label, "--store", st, "--cache-dir", cache]
-                 for st in stores], mreg_imports, stores)
+                 for st in stores], mreg_imports, stores, cache)
             manifest = json.loads((stores[1] / "models" / label / "versions" / "1" / "manifest.json").read_text())
             verification = manifest["artifacts"][0]["verification"]
             row[f"mreg_verification_{exporter}"] = {
@@ -353,12 +355,12 @@ def bench_onnx(work: Path, results: dict[str, Any]) -> None:
         plain = [work / f"plain-{label}-{i}" for i in range(2)]
         row["plain_export"] = best_of_two(
             [[sys.executable, "-c", _PLAIN_EXPORT, src, task, "1" if spec else "0", d] for d in plain],
-            mreg_imports, plain, env=env)
+            mreg_imports, plain, src, env=env)
         dests = [work / f"optimum-{label}-{i}" for i in range(2)]
         if optimum is not None:
             row["optimum_cli"] = best_of_two(
                 [[optimum, "export", "onnx", "--model", src, "--task", optimum_task, d] for d in dests],
-                optimum_imports, dests)
+                optimum_imports, dests, src)
         out[label] = row
         print(f"onnx {label}: {row}", flush=True)
         for d in (cache, *plain, *dests):

@@ -146,19 +146,20 @@ def _status_kb(pid: int) -> dict[str, int]:
 _IMPORTS = "import numpy, torch, transformers, safetensors, sentencepiece, tokenizers, gguf, llama_cpp"
 
 
-def _settle(warm: Sequence[Path]) -> None:
+def _settle(warm: Sequence[Path], imports: Sequence[str] = (sys.executable, "-c", _IMPORTS)) -> None:
     """The same start for every timed step: writeback done, page cache dropped, the step's input read in.
 
     Earlier steps leave gigabytes of page cache behind; reclaiming it lands on whichever step runs
     next (this machine's F16 write phase varied from 2.4 to 5.9 s with it). After the drop the Python
     libraries both tools import are loaded once (torch alone is 750 MB on disk), so that no step pays
     a cold start the other tool does not. Where the cache cannot be dropped (not root), only the
-    sync and the reads happen.
+    sync and the reads happen. `imports` is the command that loads them (another tool's venv may
+    have its own).
     """
     subprocess.run(["sync"], check=False)
     with contextlib.suppress(OSError):
         Path("/proc/sys/vm/drop_caches").write_text("1\n")
-    subprocess.run([sys.executable, "-c", _IMPORTS], check=False, capture_output=True)
+    subprocess.run(list(imports), check=False, capture_output=True)
     for root in warm:
         for f in sorted(p for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file()):
             with open(f, "rb") as fh:

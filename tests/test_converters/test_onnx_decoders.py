@@ -202,18 +202,21 @@ def test_the_reference_beside_the_trace_is_the_reference_alone(tiny_model: Calla
 
     from converters import onnx_export as ex
     from converters import onnx_verify
-    from converters.onnx import _export_beside_reference
+    from converters.onnx import _pytorch_reference
+    from registry.progress import NoProgress
 
     model, tokenizer = ex.load(tiny_model("qwen3"), "text-generation")
     sig = ex.signature(model, tokenizer, "text-generation", True)
-    alone = onnx_verify.reference(model, tokenizer, sig)
+    probe = onnx_verify.probes(model, tokenizer, sig)
+    alone = onnx_verify.reference(model, sig, probe)
     ex.export(model, sig, tmp_path / "alone", "torchscript")
     stdout = sys.stdout
-    beside = _export_beside_reference(model, tokenizer, sig, tmp_path / "beside", "torchscript")
+    with _pytorch_reference(model, sig, probe, NoProgress(), beside=True) as reference:
+        ex.export(model, sig, tmp_path / "beside", "torchscript")
+        beside = reference()
     assert sys.stdout is stdout, "the quiet() blocks of both threads restored the real stdout"
     for a, b in zip(alone.cases, beside.cases, strict=True):
-        assert a.outputs.keys() == b.outputs.keys()
-        assert all(np.array_equal(a.outputs[k], b.outputs[k]) for k in a.outputs)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert alone.generated is not None and beside.generated is not None
     assert np.array_equal(alone.generated, beside.generated)
     for name in (ex.MODEL_FILE, ex.DATA_FILE):
