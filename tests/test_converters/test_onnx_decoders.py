@@ -199,6 +199,7 @@ def test_the_reference_beside_the_trace_is_the_reference_alone(tiny_model: Calla
     import sys
 
     import numpy as np
+    import torch
 
     from converters import onnx_export as ex
     from converters import onnx_verify
@@ -210,11 +211,12 @@ def test_the_reference_beside_the_trace_is_the_reference_alone(tiny_model: Calla
     probe = onnx_verify.probes(model, tokenizer, sig)
     alone = onnx_verify.reference(model, sig, probe)
     ex.export(model, sig, tmp_path / "alone", "torchscript")
-    stdout = sys.stdout
+    stdout, threads = sys.stdout, torch.get_num_threads()
     with _pytorch_reference(model, sig, probe, NoProgress(), beside=True) as reference:
         ex.export(model, sig, tmp_path / "beside", "torchscript")
         beside = reference()
     assert sys.stdout is stdout, "the quiet() blocks of both threads restored the real stdout"
+    assert torch.get_num_threads() == threads, "PyTorch's thread count is restored"
     for a, b in zip(alone.cases, beside.cases, strict=True):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert alone.generated is not None and beside.generated is not None
