@@ -6,6 +6,7 @@ Runtime; a tampered export (a scaled or NaN weight) must fail verification and p
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -166,8 +167,10 @@ def test_encoder_exports_verifies_and_is_reused(mreg: Any, bert: Path, store_roo
     import onnx
     import onnxruntime as ort
 
+    threshold = gc.get_threshold()
     doc = convert(mreg, bert, "onnx")
     assert doc["verification"] == {"onnx": "passed"} and doc["reused"] is False
+    assert gc.get_threshold() == threshold and gc.get_freeze_count() == 0, "the collector is as it was"
     art, tree = artifact(store_root, "m", doc["version"], "onnx")
     paths = {f["path"] for f in art["files"]}
     assert {"model.onnx", "model.onnx.data", "config.json", "tokenizer.json", "vocab.txt"} <= paths
