@@ -186,9 +186,13 @@ class ONNXConverter:
                     run(outputs[i], outputs[i + 1])
             versions = self.tool_versions()
             with _stage(progress, "verification in ONNX Runtime"):
-                ran = onnx_verify.run(request.workdir, sig, probe, PROVIDER)
-                verification = onnx_verify.verify(ran, reference(), probe, sig, precision(opts), PROVIDER,
-                                                  request.source, versions)
+                runs = {PROVIDER: onnx_verify.run(onnx_verify.session(request.workdir, PROVIDER), sig, probe)}
+                gpu, why_not = onnx_verify.gpu_session(request.workdir)
+                if gpu is not None:
+                    runs[onnx_verify.GPU_PROVIDER] = onnx_verify.run(gpu, sig, probe)
+                    del gpu
+                verification = onnx_verify.verify(runs, reference(), probe, sig, precision(opts), request.source,
+                                                  versions, why_not)
         known = {}
         present = {f.path: f for f in request.source.files}
         for name in SIDE_FILES:

@@ -1,7 +1,8 @@
 """Verification of an ONNX export: ONNX Runtime against PyTorch on real tokens, and greedy generation.
 
 The probes are tokenized once. PyTorch's outputs come from the loaded transformers model itself (not
-the export wrapper); the written files are loaded by ONNX Runtime and run on the same token batches:
+the export wrapper); the written files are loaded by ONNX Runtime (its CPU provider, and its CUDA
+provider too where onnxruntime-gpu has a device) and run on the same token batches:
 one unpadded sequence, a left-padded batch of two and a right-padded batch of three of different
 lengths. Every output is compared on the real (unmasked) tokens; a NaN
 or Inf anywhere in any output fails. With past key/values, 16 greedy tokens from left-padded prompts,
@@ -35,6 +36,10 @@ TEXTS = (
 #: (texts, padding side) of each compared batch.
 BATCHES = ((TEXTS[2:3], "right"), (TEXTS[0:2], "left"), (TEXTS[3:6], "right"))
 GENERATE_TOKENS = 16
+#: ONNX Runtime's GPU provider: where onnxruntime-gpu has a device, the probes run there too.
+GPU_PROVIDER = "CUDAExecutionProvider"
+#: Prefix of the metrics measured on GPU_PROVIDER (those on the CPU provider have none).
+GPU_PREFIX = "cuda."
 MAX_TOKENS = 48
 
 
@@ -155,12 +160,31 @@ def _generate(model: Any, probe: Probes) -> tuple[Array, tuple[Array, ...]]:
 
 
 def session(path: Path, provider: str) -> Any:
-    """An ONNX Runtime session on the written files, on one execution provider."""
+    """An ONNX Runtime session on the written files, on one execution provider.
+
+    On CUDA, float32 stays float32 (no TF32, which rounds matmul inputs to a 10-bit mantissa), and
+    what CUDA cannot run falls back to the CPU, as in a serving session.
+    """
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    return ort.InferenceSession(str(path / MODEL_FILE), options, providers=[provider])
+    providers: list[Any] = [provider]
+    if provider == GPU_PROVIDER:
+        providers = [(GPU_PROVIDER, {"use_tf32": "0"}), "CPUExecutionProvider"]
+    return ort.InferenceSession(str(path / MODEL_FILE), options, providers=providers)
+
+
+def gpu_session(path: Path) -> tuple[Any | None, str]:
+    """A session on ONNX Runtime's CUDA provider where there is one and a device it can use, or why not."""
+    import onnxruntime as ort
+
+    if GPU_PROVIDER not in ort.get_available_providers():
+        return None, f"onnxruntime has no {GPU_PROVIDER} (onnxruntime-gpu is not installed)"
+    sess = session(path, GPU_PROVIDER)
+    if GPU_PROVIDER not in sess.get_providers():  # ONNX Runtime falls back to the CPU when CUDA cannot start
+        return None, "onnxruntime-gpu found no usable CUDA device"
+    return sess, ""
 
 
 def _empty_past(sess: Any, sig: Signature, batch: int) -> dict[str, Array]:
@@ -228,9 +252,8 @@ def _greedy(sess: Any, sig: Signature, probe: Probes) -> tuple[Array, list[Array
     return np.stack(tokens, axis=1), logits
 
 
-def run(path: Path, sig: Signature, probe: Probes, provider: str) -> Outputs:
-    """Run the written model in ONNX Runtime on the probes (and generate through its KV cache, with past)."""
-    sess = session(path, provider)
+def run(sess: Any, sig: Signature, probe: Probes) -> Outputs:
+    """Run a session of the written model on the probes (and generate through its KV cache, with past)."""
     outputs = []
     for case in probe.cases:
         feeds = {**case.feeds, **(_empty_past(sess, sig, case.feeds["input_ids"].shape[0]) if sig.with_past else {})}
@@ -241,15 +264,12 @@ def run(path: Path, sig: Signature, probe: Probes, provider: str) -> Outputs:
     return Outputs(tuple(outputs), tokens, tuple(logits))
 
 
-def verify(ran: Outputs, ref: Outputs, probe: Probes, sig: Signature, precision: str, provider: str,
-           source: SourceInfo, versions: dict[str, str]) -> Verification:
-    """Judge ONNX Runtime's outputs against PyTorch's by the precision's thresholds."""
-    limits = THRESHOLDS[precision]
+def _metrics(ran: Outputs, ref: Outputs, probe: Probes, sig: Signature) -> dict[str, float]:
+    """Every output's differences on every case (worst case kept), and the generation's."""
     metrics: dict[str, float] = {}
     for case, got, want in zip(probe.cases, ran.cases, ref.cases, strict=True):
         for name in sig.outputs:
             _merge(metrics, compare(name, got[name], want[name], case.feeds["attention_mask"]))
-    inputs = [c.label for c in probe.cases]
     if ref.generated is not None and ran.generated is not None:
         tokens, logits = ran.generated, ran.step_logits
         same = tokens.shape == ref.generated.shape and bool((tokens == ref.generated).all())
@@ -260,12 +280,28 @@ def verify(ran: Outputs, ref: Outputs, probe: Probes, sig: Signature, precision:
         if steps:
             metrics["generation.logits.max_abs_diff"] = max(
                 float(np.abs(logits[i] - ref.step_logits[i]).max()) for i in range(steps))
+    return metrics
+
+
+def verify(runs: dict[str, Outputs], ref: Outputs, probe: Probes, sig: Signature, precision: str,
+           source: SourceInfo, versions: dict[str, str], gpu_note: str = "") -> Verification:
+    """Judge each provider's outputs against PyTorch's by the precision's thresholds (CUDA's metrics: `cuda.*`)."""
+    limits = THRESHOLDS[precision]
+    metrics: dict[str, float] = {}
+    for provider, ran in runs.items():
+        prefix = GPU_PREFIX if provider == GPU_PROVIDER else ""
+        metrics |= {prefix + k: v for k, v in _metrics(ran, ref, probe, sig).items()}
+    inputs = [c.label for c in probe.cases]
+    if ref.generated is not None:
         inputs.append(f"greedy generation of {GENERATE_TOKENS} tokens from {ref.generated.shape[0]} "
                       f"left-padded prompts through the KV cache")
+    where = ", ".join(p + (f" (metrics {GPU_PREFIX}*)" if p == GPU_PROVIDER else "") for p in runs)
+    if GPU_PROVIDER not in runs:
+        where += f"; not on CUDA: {gpu_note or 'not run'}"
     problems, tolerance = judge(metrics, limits)
     return Verification(
         status="failed" if problems else "passed",
-        method=(f"ONNX Runtime {versions.get('onnxruntime', '?')} ({provider}) against PyTorch "
+        method=(f"ONNX Runtime {versions.get('onnxruntime', '?')} ({where}) against PyTorch "
                 f"{versions.get('torch', '?')} / transformers {versions.get('transformers', '?')} float32 on the "
                 "model's own tokens; differences over real (unmasked) tokens, NaN/Inf anywhere fails; "
                 f"{precision} thresholds"),
@@ -304,7 +340,7 @@ def judge(metrics: dict[str, float], limits: Thresholds) -> tuple[list[str], dic
             tolerance[key] = limits.min_top1
             if not value >= limits.min_top1:
                 problems.append(f"{key} = {value:.3g} < {limits.min_top1:g}")
-        elif key == "generation.tokens_equal" and limits.exact_generation:
+        elif key.endswith("generation.tokens_equal") and limits.exact_generation:
             tolerance[key] = 1.0
             if value != 1.0:
                 problems.append("greedy generation through the KV cache differs from transformers' generate")

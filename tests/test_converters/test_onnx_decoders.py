@@ -223,3 +223,24 @@ def test_the_reference_beside_the_trace_is_the_reference_alone(tiny_model: Calla
     assert np.array_equal(alone.generated, beside.generated)
     for name in (ex.MODEL_FILE, ex.DATA_FILE):
         assert (tmp_path / "alone" / name).read_bytes() == (tmp_path / "beside" / name).read_bytes(), name
+
+
+def test_verification_runs_on_cuda_where_onnx_runtime_has_it(mreg: Any, store_root: Path,
+                                                               tiny_model: Callable[..., Path]) -> None:
+    """The probes run on ONNX Runtime's CUDA provider too where it has a device; otherwise the record says why not."""
+    import onnxruntime as ort
+
+    doc = convert(mreg, tiny_model("llama"), "onnx:with-past")
+    v = artifact(store_root, "m", doc["version"], "onnx")[0]["verification"]
+    m, tol = v["metrics"], v["tolerance"]
+    assert v["status"] == "passed" and m["generation.tokens_equal"] == 1.0, "the CPU provider always runs"
+    if "cuda.logits.max_abs_diff" in m:
+        assert "CUDAExecutionProvider (metrics cuda.*)" in v["method"]
+        assert m["cuda.logits.max_abs_diff"] <= tol["cuda.logits.max_abs_diff"] == 1e-4
+        assert m["cuda.generation.tokens_equal"] == tol["cuda.generation.tokens_equal"] == 1.0
+        assert m["cuda.present.0.key.nonfinite"] == 0.0
+    elif "CUDAExecutionProvider" in ort.get_available_providers():
+        assert "not on CUDA: onnxruntime-gpu found no usable CUDA device" in v["method"]
+    else:
+        assert "not on CUDA: onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu is not installed)" in v["method"]
+        assert not any(k.startswith("cuda.") for k in m)
