@@ -10,7 +10,7 @@
                      the exporter (torchscript when absent): TorchScript traces the example's Python
                      branches, and the verification (several shapes, padding, generation through the
                      KV cache) vouches for the graph; dynamo (torch.export) proves it for every shape
-                     in its dynamic range, at 3-4x the export time (see the README)
+                     in its dynamic range, at about 5x the export time (see the README)
 
 e.g. `--to onnx`, `--to onnx:fp16,with-past`, `--to onnx:int8,optimize`. The normalized options
 (`{"dtype", "quantize", "optimize", "with_past", "exporter"}`) are part of the conversion key and recorded.
@@ -150,10 +150,11 @@ class ONNXConverter:
             return self._convert(request, request.link_source(Path(src)), Path(tmp))
 
     def _convert(self, request: ConversionRequest, directory: Path, tmp: Path) -> ConversionResult:
-        with _fewer_collections():
-            return self._convert_loaded(request, directory, tmp)
+        with _fewer_collections() as freeze:
+            return self._convert_collecting_less(request, directory, tmp, freeze)
 
-    def _convert_loaded(self, request: ConversionRequest, directory: Path, tmp: Path) -> ConversionResult:
+    def _convert_collecting_less(self, request: ConversionRequest, directory: Path, tmp: Path,
+                                 freeze: Callable[[], None]) -> ConversionResult:
         from converters import onnx_export as ex
         from converters import onnx_verify
 
@@ -166,7 +167,7 @@ class ONNXConverter:
             model, tokenizer = ex.load(directory, task)
             sig = ex.signature(model, tokenizer, task, opts["with_past"])
             probe = onnx_verify.probes(model, tokenizer, sig)
-        gc.freeze()  # torch's, transformers' and the model's objects live to the end: collections skip them
+        freeze()  # torch's, transformers' and the model's objects live to the end: collections skip them
         # Each transform reads the previous stage's directory; the last stage writes into the artifact tree.
         transforms: list[tuple[str, Callable[[Path, Path], object]]] = []
         if opts["dtype"] == "fp16":
@@ -180,7 +181,7 @@ class ONNXConverter:
         with _pytorch_reference(model, sig, probe, progress, beside) as reference:
             with _stage(progress, "export"):
                 ex.export(model, sig, outputs[0], opts["exporter"])
-            del model  # once the reference is done with them, the weights are freed before ONNX Runtime loads its copy
+            del model  # the weights are freed once the reference is done with them (at once when it ran first)
             for i, (step, run) in enumerate(transforms):
                 with _stage(progress, step):
                     run(outputs[i], outputs[i + 1])
@@ -205,20 +206,29 @@ class ONNXConverter:
 
 
 @contextlib.contextmanager
-def _fewer_collections() -> Iterator[None]:
+def _fewer_collections() -> Iterator[Callable[[], None]]:
     """Python's cyclic collector, run less often for the conversion's duration, then as it was.
 
     Importing torch and transformers and tracing a model allocate millions of objects, and every
     700 allocations the collector ran (a 100 M llama: 0.3-0.4 s of 10 s; frozen objects and a
     larger first generation take that to almost nothing, with the same peak memory). Tensors are
-    freed by reference counting either way.
+    freed by reference counting either way. The block calls the function it is given once what it
+    loaded should be frozen.
     """
-    threshold = gc.get_threshold()
+    threshold, ours, froze = gc.get_threshold(), gc.get_freeze_count() == 0, False
+
+    def freeze() -> None:
+        nonlocal froze
+        if ours:  # a host process's own frozen set is left as it is
+            gc.freeze()
+            froze = True
+
     gc.set_threshold(20_000, 20, 20)
     try:
-        yield
+        yield freeze
     finally:
-        gc.unfreeze()
+        if froze:
+            gc.unfreeze()
         gc.set_threshold(*threshold)
 
 
@@ -229,31 +239,33 @@ def _pytorch_reference(model: Any, sig: Any, probe: Any, progress: Progress,
 
     `beside`: computed in a second thread while the block exports, transforms and runs ONNX Runtime.
     The TorchScript tracer's state is per thread (transformers checks it through torch.jit.is_tracing),
-    so the untraced model runs there while the main thread traces, reading the same weights. One
-    process-wide quiet() is held around the block, so that the two threads' own quiet() blocks, which
-    may end in any order, all restore the same state. Otherwise (dynamo's export patches process-wide
-    state) they are computed first, before the block.
+    so the untraced model runs there while the main thread traces, reading the same weights, with
+    one core fewer for PyTorch's kernels (the tracer's). The thread touches no process-wide state:
+    the quiet() around the block covers its output. If the block fails (or is interrupted), the
+    error is not held until the reference is done: the thread is left to finish on its own.
+    Otherwise (dynamo's export patches process-wide state) they are computed first, before the block.
     """
+    import torch
+
     from converters import onnx_export as ex
     from converters import onnx_verify
 
     if not beside:
-        with _stage(progress, "PyTorch reference"):
+        with _stage(progress, "PyTorch reference"), ex.quiet():
             ref = onnx_verify.reference(model, sig, probe)
         del model  # the caller's reference is then the last one
         yield lambda: ref
         return
-    import torch
-
     threads = torch.get_num_threads()
-    # One core is the tracer's: PyTorch's kernels get the others (on 2 cores, 1 thread: 0.4 s faster end to end).
     torch.set_num_threads(max(1, threads - 1))
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mreg-reference")
     try:
-        with ex.quiet(), concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mreg-reference") as pool:
+        with ex.quiet():
             pending = pool.submit(onnx_verify.reference, model, sig, probe)
             del model  # the thread holds it until the reference is computed
             yield pending.result
     finally:
+        pool.shutdown(wait=False, cancel_futures=True)
         torch.set_num_threads(threads)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from converters.onnx_export import MODEL_FILE, Signature, cache_of, quiet
+from converters.onnx_export import MODEL_FILE, Signature, cache_of
 from converters.runtime import plain_greedy
 from manifests import SourceInfo, Verification
 
@@ -151,7 +151,7 @@ def _generate(model: Any, probe: Probes) -> tuple[Array, tuple[Array, ...]]:
     import torch
 
     # Plain greedy decoding: none of the checkpoint's sampling or repetition settings (see plain_greedy).
-    with torch.no_grad(), quiet(), plain_greedy(model):
+    with torch.no_grad(), plain_greedy(model):  # (the caller keeps transformers quiet: this may run in a thread)
         out = model.generate(**{k: torch.from_numpy(v) for k, v in probe.prompts.items()}, do_sample=False,
                              max_new_tokens=GENERATE_TOKENS, eos_token_id=list(probe.eos) or None,
                              pad_token_id=probe.pad, return_dict_in_generate=True, output_logits=True)
@@ -172,7 +172,8 @@ def session(path: Path, provider: str) -> Any:
     providers: list[Any] = [provider]
     if provider == GPU_PROVIDER:
         providers = [(GPU_PROVIDER, {"use_tf32": "0"}), "CPUExecutionProvider"]
-    return ort.InferenceSession(str(path / MODEL_FILE), options, providers=providers)
+    # No silent fallback: ONNX Runtime would otherwise retry a failed provider on the CPU (printing to stdout).
+    return ort.InferenceSession(str(path / MODEL_FILE), options, providers=providers, enable_fallback=0)
 
 
 def gpu_session(path: Path) -> tuple[Any | None, str]:
@@ -181,8 +182,11 @@ def gpu_session(path: Path) -> tuple[Any | None, str]:
 
     if GPU_PROVIDER not in ort.get_available_providers():
         return None, f"onnxruntime has no {GPU_PROVIDER} (onnxruntime-gpu is not installed)"
-    sess = session(path, GPU_PROVIDER)
-    if GPU_PROVIDER not in sess.get_providers():  # ONNX Runtime falls back to the CPU when CUDA cannot start
+    try:
+        sess = session(path, GPU_PROVIDER)
+    except Exception as e:  # noqa: BLE001  (ONNX Runtime raises its own types; the reason is recorded)
+        return None, f"the CUDA provider did not start: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    if GPU_PROVIDER not in sess.get_providers():  # its library loaded, but it found no device
         return None, "onnxruntime-gpu found no usable CUDA device"
     return sess, ""
 
@@ -343,5 +347,5 @@ def judge(metrics: dict[str, float], limits: Thresholds) -> tuple[list[str], dic
         elif key.endswith("generation.tokens_equal") and limits.exact_generation:
             tolerance[key] = 1.0
             if value != 1.0:
-                problems.append("greedy generation through the KV cache differs from transformers' generate")
+                problems.append(f"{key}: greedy generation through the KV cache differs from transformers' generate")
     return problems, tolerance

@@ -575,10 +575,12 @@ HEAVY_MODULES = ("torch", "transformers", "onnxruntime", "tensorrt")
 def run() -> None:
     """Console entry point.
 
-    After a command that imported torch or transformers, Python's teardown of their modules takes
+    After a command that imported one of HEAVY_MODULES, Python's teardown of their modules takes
     about a second of the user's wall time once everything is done and printed. So the process ends
     there: exit handlers run and the streams are flushed first (every file mreg writes is closed and
-    renamed into place before a command returns); only the freeing of module objects is skipped.
+    renamed into place before a command returns); what is skipped is the freeing of module objects
+    and the joining of threads still running (a conversion's abandoned PyTorch reference, after an
+    error or Ctrl-C).
     """
     try:
         main(prog_name="mreg")
@@ -592,11 +594,12 @@ def _exit_now(code: int) -> None:
     import atexit
 
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
+    for stream in {id(s): s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}.values():
         try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can reach the reader anyway
-            code = code or 1
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # a closed pipe: what was written is lost, as Python says with 120
+            code = code or 120
     os._exit(code)
 
 

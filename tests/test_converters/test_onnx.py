@@ -212,6 +212,14 @@ def test_encoder_exports_verifies_and_is_reused(mreg: Any, bert: Path, store_roo
     graph16 = onnx.load(str(tree16 / "model.onnx"), load_external_data=False)
     assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph16.graph.initializer)
     assert graph16.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT, "outputs stay float32"
+    gc.freeze()  # a host process that froze its own objects keeps them frozen
+    try:
+        frozen = gc.get_freeze_count()
+        assert convert(mreg, bert, "onnx:optimize")["verification"] == {"onnx": "passed"}
+        # (frozen objects can still be freed by reference counting: the count may only drop, not to 0)
+        assert 0 < gc.get_freeze_count() <= frozen and gc.get_threshold() == threshold
+    finally:
+        gc.unfreeze()
 
 
 @needs_onnx
@@ -220,13 +228,30 @@ def test_a_model_over_the_in_memory_limit_goes_through_a_file(mreg: Any, bert: P
     """Over protobuf's limit the TorchScript graph is written to a temporary file: the same files come out."""
     from converters import onnx_export
 
+    read_back: list[Path] = []
+    real_load = onnx_export.load_proto
+    monkeypatch.setattr(onnx_export, "load_proto", lambda src: read_back.append(src) or real_load(src))
     first = convert(mreg, bert, "onnx", "mem")
+    assert read_back == [], "in memory: nothing written and read back"
     monkeypatch.setattr(onnx_export, "IN_MEMORY_MAX_BYTES", 0)
     second = convert(mreg, bert, "onnx", "file")
+    assert [p.name for p in read_back] == [p.name for p in read_back if p.name.startswith(".ts-")] != []
     digests = [{f["path"]: f["sha256"] for f in artifact(store_root, name, doc["version"], "onnx")[0]["files"]}
                for name, doc in (("mem", first), ("file", second))]
     assert second["verification"] == {"onnx": "passed"} and digests[0] == digests[1]
-    assert not list((store_root / "tmp").rglob(".ts-*")), "the temporary file is gone"
+
+
+@needs_onnx
+def test_the_in_memory_estimate_counts_tied_weights_once_per_use(tmp_path: Path) -> None:
+    """A tied embedding is a Gather table and a folded output MatMul weight in the graph: both count."""
+    from tiny_models import build_tiny_llama
+
+    from converters import onnx_export as ex
+
+    model, tokenizer = ex.load(build_tiny_llama(tmp_path / "tied", tie_word_embeddings=True), "text-generation")
+    ex.export(model, ex.signature(model, tokenizer, "text-generation", False), tmp_path / "out", "torchscript")
+    once = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    assert once < (tmp_path / "out" / ex.DATA_FILE).stat().st_size <= ex.graph_bytes(model)
 
 
 @needs_onnx

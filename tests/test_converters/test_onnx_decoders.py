@@ -193,10 +193,11 @@ def test_with_past_and_a_real_tokenizer(name: str, llama_cpp_root: Path, mreg: A
     assert any(len(text) > 20 for text in v["inputs"]), "real text went through the real tokenizer"
 
 
-def test_the_reference_beside_the_trace_is_the_reference_alone(tiny_model: Callable[..., Path],
-                                                                tmp_path: Path) -> None:
+def test_the_reference_beside_the_trace_is_the_reference_alone(tiny_model: Callable[..., Path], tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """PyTorch's reference runs in a second thread while TorchScript traces: neither may see the other."""
     import sys
+    import threading
 
     import numpy as np
     import torch
@@ -212,9 +213,14 @@ def test_the_reference_beside_the_trace_is_the_reference_alone(tiny_model: Calla
     alone = onnx_verify.reference(model, sig, probe)
     ex.export(model, sig, tmp_path / "alone", "torchscript")
     stdout, threads = sys.stdout, torch.get_num_threads()
+    ran_in: list[str] = []
+    real = onnx_verify.reference
+    monkeypatch.setattr(onnx_verify, "reference",
+                        lambda *a: ran_in.append(threading.current_thread().name) or real(*a))
     with _pytorch_reference(model, sig, probe, NoProgress(), beside=True) as reference:
         ex.export(model, sig, tmp_path / "beside", "torchscript")
         beside = reference()
+    assert ran_in and ran_in[0].startswith("mreg-reference"), ran_in
     assert sys.stdout is stdout, "the quiet() blocks of both threads restored the real stdout"
     assert torch.get_num_threads() == threads, "PyTorch's thread count is restored"
     for a, b in zip(alone.cases, beside.cases, strict=True):
@@ -244,3 +250,27 @@ def test_verification_runs_on_cuda_where_onnx_runtime_has_it(mreg: Any, store_ro
     else:
         assert "not on CUDA: onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu is not installed)" in v["method"]
         assert not any(k.startswith("cuda.") for k in m)
+
+
+def test_a_failed_export_does_not_wait_for_the_reference(mreg: Any, store_root: Path, tiny_model: Callable[..., Path],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The error is reported at once; the reference thread is left to finish on its own."""
+    import threading
+    import time
+
+    from converters import onnx_export, onnx_verify
+
+    release, real = threading.Event(), onnx_verify.reference
+    monkeypatch.setattr(onnx_verify, "reference", lambda *a: release.wait(60) and real(*a))
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("the exporter gave up")
+
+    monkeypatch.setattr(onnx_export, "export", broken)
+    started = time.monotonic()
+    r = mreg("convert", tiny_model("llama"), "--to", "onnx:with-past", "--name", "m", "--json")
+    waited = time.monotonic() - started
+    release.set()
+    assert r.exit_code == 1 and "the exporter gave up" in r.json["error"]["message"]
+    assert waited < 30, f"the error waited {waited:.0f} s for the reference"
+    assert not (store_root / "models" / "m").exists()
