@@ -242,6 +242,25 @@ def test_a_model_over_the_in_memory_limit_goes_through_a_file(mreg: Any, bert: P
 
 
 @needs_onnx
+def test_a_graph_larger_than_estimated_goes_through_a_file(mreg: Any, bert: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch refuses to serialize past 2 GiB in memory (constant folding can outgrow the estimate): a file then."""
+    import torch
+
+    real, calls = torch.onnx.export, []
+
+    def over_the_limit_in_memory(model: Any, args: Any, f: Any, **kw: Any) -> Any:
+        calls.append(type(f).__name__)
+        if not isinstance(f, str):
+            raise RuntimeError("The serialized model is larger than the 2GiB limit imposed by the protobuf library.")
+        return real(model, args, f, **kw)
+
+    monkeypatch.setattr(torch.onnx, "export", over_the_limit_in_memory)
+    assert convert(mreg, bert, "onnx")["verification"] == {"onnx": "passed"}
+    assert calls == ["_Kept", "str"]
+
+
+@needs_onnx
 def test_the_in_memory_estimate_counts_tied_weights_once_per_use(tmp_path: Path) -> None:
     """A tied embedding is a Gather table and a folded output MatMul weight in the graph: both count."""
     from tiny_models import build_tiny_llama
