@@ -146,15 +146,12 @@ class ONNXConverter:
         """Export, transform as the spec says, verify the written files against PyTorch, add the side files."""
         _require()
         with tempfile.TemporaryDirectory(prefix="mreg-onnx-src-") as src, \
-                tempfile.TemporaryDirectory(prefix=".onnx-", dir=request.workdir.parent) as tmp:
-            return self._convert(request, request.link_source(Path(src)), Path(tmp))
+                tempfile.TemporaryDirectory(prefix=".onnx-", dir=request.workdir.parent) as tmp, \
+                _fewer_collections() as freeze:
+            return self._convert(request, request.link_source(Path(src)), Path(tmp), freeze)
 
-    def _convert(self, request: ConversionRequest, directory: Path, tmp: Path) -> ConversionResult:
-        with _fewer_collections() as freeze:
-            return self._convert_collecting_less(request, directory, tmp, freeze)
-
-    def _convert_collecting_less(self, request: ConversionRequest, directory: Path, tmp: Path,
-                                 freeze: Callable[[], None]) -> ConversionResult:
+    def _convert(self, request: ConversionRequest, directory: Path, tmp: Path,
+                 freeze: Callable[[], None]) -> ConversionResult:
         from converters import onnx_export as ex
         from converters import onnx_verify
 

@@ -109,7 +109,6 @@ def parse_spec(spec: str) -> dict[str, Any]:
 
 def finish_options(opts: dict[str, Any]) -> dict[str, Any]:
     """Fill the targets from the local GPU where none were given; refuse what a backend cannot build."""
-    gpus = None
     if not opts["targets"]:
         gpus = detect_gpus()
         if not gpus:
@@ -124,7 +123,7 @@ def finish_options(opts: dict[str, Any]) -> dict[str, Any]:
         if opts["hardware_compatibility"] != "none":
             raise UsageError("hwcompat= applies to backend=tensorrt; RTX engines are bound by target=", hint=GRAMMAR)
     else:
-        gpus = detect_gpus() if gpus is None else gpus
+        gpus = detect_gpus()  # probed once per process
         here = gpus[0].compute_capability if gpus else None
         if opts["targets"] != [here]:
             raise UsageError(f"backend=tensorrt builds only for the local GPU ({here or 'none found'}), "

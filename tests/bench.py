@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+from convert_cli import artifact
 from hub_server import LocalHub
 from tiny_models import build_padded_model
 
@@ -296,7 +297,7 @@ def _optimum_cli(work: Path) -> tuple[Path | None, str]:
 
 def bench_onnx(work: Path, results: dict[str, Any]) -> None:
     """Export + verification of MiniLM-L6 and of a ~100 M llama, against optimum-cli and a plain torch.onnx.export."""
-    from test_converters.bench_gguf import _settle, at_rest
+    from test_converters.bench_gguf import at_rest, settle
     from tiny_models import build_tiny_llama
 
     models: dict[str, tuple[Path, str, str, str]] = {}
@@ -321,12 +322,12 @@ def bench_onnx(work: Path, results: dict[str, Any]) -> None:
 
     def best_of_two(cmds: list[list[str | Path]], warm: list[str], outputs: list[Path], reads: Path,
                     env: dict[str, str] | None = None) -> dict[str, Any]:
-        """The faster of two runs (one command each), each from the same start (bench_gguf._settle): the
+        """The faster of two runs (one command each), each from the same start (bench_gguf.settle): the
         previous run's writeback done, page cache dropped, then the tool's imports and the files it reads
         (mreg: its cache's copy of the model; the others: the source) loaded once."""
         runs = []
         for cmd, output in zip(cmds, outputs, strict=True):
-            _settle([reads], imports=warm)
+            settle([reads], imports=warm)
             runs.append(_measured(cmd, env=env))
             if output is not outputs[-1]:
                 _rm(output)
@@ -345,8 +346,7 @@ def bench_onnx(work: Path, results: dict[str, Any]) -> None:
             row[f"mreg_convert_{exporter}"] = best_of_two(
                 [[BIN / "mreg", "convert", src, "--to", target, "--name", label, "--store", st, "--cache-dir", cache]
                  for st in stores], mreg_imports, stores, cache)
-            manifest = json.loads((stores[1] / "models" / label / "versions" / "1" / "manifest.json").read_text())
-            verification = manifest["artifacts"][0]["verification"]
+            verification = artifact(stores[1], label, 1, "onnx")[0]["verification"]
             row[f"mreg_verification_{exporter}"] = {
                 "status": verification["status"], "inputs": len(verification["inputs"]),
                 **{k: v for k, v in verification["metrics"].items()
@@ -394,9 +394,7 @@ def bench_tensorrt(work: Path, results: dict[str, Any]) -> None:
         for version, spec in enumerate(("target=sm_86+sm_89", "target=sm_86+sm_89,precision=fp16"), 2):
             row: dict[str, Any] = {"mreg_convert": _measured(
                 [BIN / "mreg", "convert", f"{label}@1", "--to", f"tensorrt:backend=tensorrt-rtx,{spec}"], env=env)}
-            manifest = json.loads((work / "trt-store" / "models" / label / "versions" / str(version)
-                                   / "manifest.json").read_text())
-            art = next(a for a in manifest["artifacts"] if a["format"] == "tensorrt")
+            art, _ = artifact(work / "trt-store", label, version, "tensorrt")
             row["build_s"] = art["requirements"]["build_s"]
             row["plan_bytes"] = {f["path"].split("/")[0]: f["size"] for f in art["files"]
                                  if f["path"].endswith(".plan")}

@@ -146,7 +146,7 @@ def _status_kb(pid: int) -> dict[str, int]:
 _IMPORTS = "import numpy, torch, transformers, safetensors, sentencepiece, tokenizers, gguf, llama_cpp"
 
 
-def _settle(warm: Sequence[Path], imports: Sequence[str] = (sys.executable, "-c", _IMPORTS)) -> None:
+def settle(warm: Sequence[Path], imports: Sequence[str] = (sys.executable, "-c", _IMPORTS)) -> None:
     """The same start for every timed step: writeback done, page cache dropped, the step's input read in.
 
     Earlier steps leave gigabytes of page cache behind; reclaiming it lands on whichever step runs
@@ -161,7 +161,9 @@ def _settle(warm: Sequence[Path], imports: Sequence[str] = (sys.executable, "-c"
         Path("/proc/sys/vm/drop_caches").write_text("1\n")
     subprocess.run(list(imports), check=False, capture_output=True)
     for root in warm:
-        for f in sorted(p for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file()):
+        # (a cache's snapshot entries are links to its blobs: each file is read once, through the blob)
+        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+        for f in sorted(files):
             with open(f, "rb") as fh:
                 while fh.read(1 << 23):
                     pass
@@ -169,14 +171,14 @@ def _settle(warm: Sequence[Path], imports: Sequence[str] = (sys.executable, "-c"
 
 def _timed(cmd: list[str], env: dict[str, str], cwd: Path | None = None,
            warm: Sequence[Path] = ()) -> tuple[float, dict[str, float], str]:
-    """Wall seconds, memory figures in MB and stdout of a command, started after `_settle(warm)`.
+    """Wall seconds, memory figures in MB and stdout of a command, started after `settle(warm)`.
 
     The process tree is sampled every 20 ms: `peak_rss_mb` is the largest resident set of one process
     (what GNU time's %M reports), `peak_anon_mb` the largest sum of anonymous memory over the tree
     (heap and buffers: what a model's size could make grow), `peak_file_mb` the largest sum of
     file-backed resident pages (mapped files, which the kernel can drop and re-read).
     """
-    _settle(warm)
+    settle(warm)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     peak = {"rss": 0, "anon": 0, "file": 0}
@@ -279,7 +281,7 @@ def bench_gguf(work: Path, results: dict[str, Any]) -> None:
                            "pull_memory": mem_pull}
     for qtype in TYPES:
         # Twice each for F16 and Q8_0 (mreg and llama.cpp alike), the faster run kept: this disk's
-        # writeback makes single runs vary by a second. Each run starts from `_settle`.
+        # writeback makes single runs vary by a second. Each run starts from `settle`.
         runs = [_mreg_convert(mreg, src, (qtype,), f"b-{qtype.lower()}-{i}", env, work)
                 for i in range(1 if qtype == "Q4_K_M" else 2)]
         wall, mem, (art,) = min(runs, key=lambda r: r[0])

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from convert_cli import artifact, convert
+from llama_cpp_source import field
 
 gguf = pytest.importorskip("gguf")
 
@@ -26,10 +27,6 @@ def _version(store_root: Path, name: str, number: int) -> tuple[dict[str, Any], 
     art, tree = artifact(store_root, name, number, "gguf")
     (entry,) = art["files"]
     return art, tree / entry["path"]
-
-
-def _field(reader: Any, key: str) -> Any:
-    return reader.fields[key].contents()
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "qwen3", "llama-spm", "llama3-rope"])
@@ -47,8 +44,8 @@ def test_each_architecture_converts_loads_and_tokenizes_like_hf(
     assert metrics["llama_cpp_loaded"] == 1.0, "llama.cpp loads the file (llama-cpp-python is in the test extra)"
     assert metrics["tokenization_mismatches"] == 0.0 and metrics["tokenization_strings"] >= 5
     reader = gguf.GGUFReader(path)
-    assert _field(reader, "general.architecture") == arch
-    assert _field(reader, "tokenizer.ggml.model") == ("llama" if kind == "llama-spm" else "gpt2")
+    assert field(reader, "general.architecture") == arch
+    assert field(reader, "tokenizer.ggml.model") == ("llama" if kind == "llama-spm" else "gpt2")
     assert "tokenizer.chat_template" in reader.fields
     counts = art["requirements"]["tensor_types"]
     assert set(counts) == {"F32", "Q8_0"} and sum(counts.values()) == len(reader.tensors)
@@ -63,14 +60,14 @@ def test_metadata_carries_what_llama_cpp_reads(mreg: Any, store_root: Path, tiny
     _, path = _version(store_root, "m", doc["version"])
     r = gguf.GGUFReader(path)
     config = json.loads((src / "config.json").read_text())
-    assert _field(r, "qwen3.block_count") == config["num_hidden_layers"]
-    assert _field(r, "qwen3.attention.head_count") == 4 and _field(r, "qwen3.attention.head_count_kv") == 2
-    assert _field(r, "qwen3.attention.key_length") == 32, "head_dim differs from hidden / heads"
-    assert _field(r, "qwen3.rope.freq_base") == pytest.approx(config["rope_theta"])
-    assert _field(r, "qwen3.context_length") == config["max_position_embeddings"]
-    assert _field(r, "tokenizer.ggml.pre") == "gpt-2"
-    assert _field(r, "tokenizer.ggml.eos_token_id") == config["eos_token_id"]
-    assert _field(r, "general.file_type") == 1
+    assert field(r, "qwen3.block_count") == config["num_hidden_layers"]
+    assert field(r, "qwen3.attention.head_count") == 4 and field(r, "qwen3.attention.head_count_kv") == 2
+    assert field(r, "qwen3.attention.key_length") == 32, "head_dim differs from hidden / heads"
+    assert field(r, "qwen3.rope.freq_base") == pytest.approx(config["rope_theta"])
+    assert field(r, "qwen3.context_length") == config["max_position_embeddings"]
+    assert field(r, "tokenizer.ggml.pre") == "gpt-2"
+    assert field(r, "tokenizer.ggml.eos_token_id") == config["eos_token_id"]
+    assert field(r, "general.file_type") == 1
     names = {t.name for t in r.tensors}
     assert "output.weight" not in names, "tied embeddings: llama.cpp reuses token_embd"
     assert {"blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"} <= names
@@ -82,8 +79,8 @@ def test_llama_bos_flag_and_untied_output(mreg: Any, store_root: Path, tiny_mode
     src = tiny_model("llama")
     _, path = _version(store_root, "m", _convert(mreg, src, "Q4_K_M")["version"])
     r = gguf.GGUFReader(path)
-    assert _field(r, "tokenizer.ggml.add_bos_token") is True and _field(r, "tokenizer.ggml.bos_token_id") == 1
-    assert _field(r, "llama.rope.dimension_count") == 16
+    assert field(r, "tokenizer.ggml.add_bos_token") is True and field(r, "tokenizer.ggml.bos_token_id") == 1
+    assert field(r, "llama.rope.dimension_count") == 16
     types = {t.name: t.tensor_type.name for t in r.tensors}
     assert "output.weight" in types
 
@@ -238,8 +235,8 @@ def test_rope_parameters_as_transformers_5_writes_them(mreg: Any, store_root: Pa
     doc = _convert(mreg, src, "F16")
     art, path = _version(store_root, "m", doc["version"])
     r = gguf.GGUFReader(path)
-    assert _field(r, "llama.rope.freq_base") == pytest.approx(20000.0)
-    assert _field(r, "llama.rope.scaling.type") == "linear" and _field(r, "llama.rope.scaling.factor") == 2.0
+    assert field(r, "llama.rope.freq_base") == pytest.approx(20000.0)
+    assert field(r, "llama.rope.scaling.type") == "linear" and field(r, "llama.rope.scaling.factor") == 2.0
     assert art["verification"]["status"] == "passed" and "kl_divergence" in art["verification"]["metrics"]
 
 
