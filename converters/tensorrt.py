@@ -38,7 +38,6 @@ from converters.tensorrt_binding import (
     normalize_target,
 )
 from manifests import Format, TensorRTRequirements
-from registry.digest import sha256_file
 from registry.errors import UsageError
 from registry.progress import Progress
 
@@ -178,9 +177,8 @@ class TensorRTConverter:
         config = tb.read_config(onnx_dir)
         graph = tb.describe(onnx_dir)
         profiles = tb.profiles_for(graph, config, opts["shapes"])
-        recorded = request.artifact_digests.get("onnx", {})  # the ONNX files were hashed when they were stored
-        onnx_files = {n: recorded.get(n) or sha256_file(onnx_dir / n) for n in (tb.MODEL_FILE, tb.DATA_FILE)
-                      if (onnx_dir / n).is_file()}
+        recorded = request.artifact_digests["onnx"]  # the ONNX files were hashed when they were stored
+        onnx_files = {n: recorded[n] for n in (tb.MODEL_FILE, tb.DATA_FILE) if n in recorded}
         gpus = detect_gpus()
         built_on = gpus[0].name if gpus and backend == "tensorrt" else None
         engines: dict[str, str] = {}

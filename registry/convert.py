@@ -119,6 +119,8 @@ def convert(
                 workdir = staging.path / conv.format
                 workdir.mkdir(exist_ok=True)
                 before = {p.relative_to(workdir).as_posix() for p in workdir.rglob("*") if p.is_file()}
+                made: dict[str, Path] = {a.format: staging.path / a.path for a in artifacts}
+                digests: dict[str, dict[str, str]] = {a.format: {f.path: f.sha256 for f in a.files} for a in artifacts}
                 requests = [ConversionRequest(
                     source=snapshot.record.source,
                     source_files=snapshot.file,
@@ -126,8 +128,8 @@ def convert(
                     workdir=workdir,
                     progress=progress,
                     place=_placer(store, staging, conv.format, copy, trusted_before, progress),
-                    artifacts={a.format: staging.path / a.path for a in artifacts},
-                    artifact_digests={a.format: {f.path: f.sha256 for f in a.files} for a in artifacts},
+                    artifacts=made,
+                    artifact_digests=digests,
                     cache_dir=layout.caches_dir(store.root),
                     name=name,
                 ) for _, opts, _ in group]
