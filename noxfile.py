@@ -12,10 +12,10 @@ PYTHON = "3.11"
 def _llama_cpp_sdist(session: nox.Session) -> dict[str, str]:
     """Fetch llama-cpp-python's source package (llama.cpp's real vocabularies and converter) with the rest of
     the environment, and name it to the tests and benchmarks: they never download it themselves."""
-    out = str(session.run("python", "tests/llama_cpp_source.py", ".nox/llama-cpp-source", silent=True) or "")
+    out = str(session.run("python", "tests/support/llama_cpp_source.py", ".nox/llama-cpp-source", silent=True) or "")
     sdist = next((line.strip() for line in reversed(out.splitlines()) if line.strip().endswith(".tar.gz")), None)
     if sdist is None:
-        session.error(f"tests/llama_cpp_source.py named no source package: {out.strip()[-500:]}")
+        session.error(f"tests/support/llama_cpp_source.py named no source package: {out.strip()[-500:]}")
     return {"MREG_LLAMA_CPP_SDIST": sdist}
 
 
@@ -28,10 +28,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff, mypy --strict, and the exported JSON Schema against the models."""
+    """ruff, mypy --strict, the import contracts (the architecture), and the exported JSON Schema."""
     session.install("-e", ".[test,lint]")
     session.run("ruff", "check", ".")
     session.run("mypy")
+    session.run("lint-imports")
     session.run("python", "-m", "manifests.export", "--check")
 
 
@@ -39,11 +40,11 @@ def lint(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """The whole loop offline on built-in data: pull from a local hub, register, promote, roll back, mount."""
     session.install("-e", ".", "numpy")  # the core and what builds the tiny model; no converter runtimes
-    session.run("python", "tests/demo.py", *session.posargs)
+    session.run("python", "examples/demo.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks (half an hour, ~15 GB of disk): flips, registration, re-pull, S3, GGUF, ONNX, TensorRT for RTX."""
     session.install("-e", ".[test,bench]")
-    session.run("python", "tests/bench.py", *session.posargs, env=_llama_cpp_sdist(session))
+    session.run("python", "benchmarks/bench.py", *session.posargs, env=_llama_cpp_sdist(session))

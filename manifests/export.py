@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from manifests.checks import Baseline, CheckRecord, GoldenCase
-from manifests.models import AliasRecord, HistoryEntry, Manifest, PullRecord
+from manifests.models import AliasRecord, EngineRecord, HistoryEntry, Manifest, PullRecord
 
 SCHEMA_DIR = Path(__file__).parent / "schema"
 RECORDS: dict[str, type[BaseModel]] = {
@@ -20,6 +20,7 @@ RECORDS: dict[str, type[BaseModel]] = {
     "check_record": CheckRecord,
     "baseline": Baseline,
     "golden_case": GoldenCase,
+    "engine_record": EngineRecord,
 }
 
 

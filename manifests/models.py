@@ -24,7 +24,9 @@ def _check_relative(path: str) -> str:
 
 
 RelPath = Annotated[str, AfterValidator(_check_relative)]
-Format = Literal["hf", "onnx", "tensorrt", "gguf"]
+#: A format's name, as the registry's format table knows it (hf, gguf, onnx, tensorrt, …): a new format
+#: is a converter package and a table row, not a change to the manifest's schema.
+Format = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
 JSONValue = Any
 
 
@@ -100,6 +102,30 @@ class TensorRTRequirements(_Record):
     timing_cache: dict[str, str] = Field(default_factory=dict)
     #: How a reduced-precision graph was made from the ONNX artifact (strongly typed networks), if it was.
     precision_conversion: str | None = None
+
+
+class EngineRecord(BaseModel):
+    """The binding of one TensorRT plan, written beside it as `engine.json` (checked before load or promotion)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+    backend: Literal["tensorrt", "tensorrt-rtx"]
+    tensorrt_version: str
+    cuda: str | None = None
+    compute_capability: str
+    hardware_compatibility: str = "none"
+    version_compatible: bool = False
+    precision: str
+    built_on_gpu: str | None = None
+    profiles: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
+    onnx_files: dict[str, str]
+    plan_sha256: str
+    plan_bytes: int
+    build_s: float
+    timing_cache: str
+    #: What the builder logged at warning level or above (e.g. TensorRT for RTX probing for a GPU that is absent).
+    builder_messages: tuple[str, ...] = ()
 
 
 class GGUFRequirements(_Record):

@@ -15,8 +15,19 @@ Store::
         history.jsonl                    append-only log of alias changes
         .lock                            serializes alias writers
 
-Cache: huggingface_hub's own layout (`models--org--name/{blobs,snapshots,refs}`) plus
-`.mreg/pulls/<repo folder>/<commit>.json`, the record of what mreg verified.
+    models/<name>/checks/<n>/<time>-<golden>-<sha12>.json   golden-check records (append-only, beside the version)
+    models/<name>/baselines/<golden>.json                   expected outputs of a golden set
+
+S3 store (`s3://bucket/prefix/`): the same `blobs/` and `models/<name>/versions/<n>/manifest.json`,
+plus `models/<name>/aliases/<alias>.json` (an alias record with its history),
+`models/<name>/keys/<conversion key>.json` (finds a version by its key without listing),
+`leases/<uuid>.json` (digests an in-flight push will reference) and `gc.lock`.
+
+Cache: huggingface_hub's own layout (`models--org--name/{blobs,snapshots,refs}`, named by its
+own `repo_folder_name`) plus `.mreg/pulls/<repo folder>/<commit>.json`, the record of what mreg
+verified.
+
+Alias names that would collide with these names are reserved (`RESERVED_ALIASES`).
 """
 
 from __future__ import annotations
@@ -36,12 +47,23 @@ TOMBSTONE = ".deleted"
 HISTORY = "history.jsonl"
 ALIAS_LOCK = ".lock"
 
+CHECKS = "checks"
+BASELINES = "baselines"
+
+S3_ALIASES = "aliases"
+S3_KEYS = "keys"
+S3_LEASES = "leases"
+
 CACHE_MREG = ".mreg"
 CACHE_PULLS = "pulls"
+CACHE_BLOBS = "blobs"
+CACHE_SNAPSHOTS = "snapshots"
+CACHE_REFS = "refs"
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ALIAS_RE = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
-RESERVED_ALIASES = frozenset({VERSIONS, "history", "tmp"})
+#: Names under models/<name>/ that are not aliases (and "history", the log's stem, and "tmp", for readability).
+RESERVED_ALIASES = frozenset({VERSIONS, CHECKS, BASELINES, HISTORY.split(".")[0], TMP})
 
 
 def blob_path(root: Path, sha256: str) -> Path:
@@ -95,6 +117,114 @@ def parse_alias_target(target: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def pull_record_path(cache: Path, repo_folder: str, commit: str) -> Path:
+def pull_record_path(cache: Path, repo: str, commit: str) -> Path:
     """Where mreg keeps its record of a verified snapshot."""
-    return cache / CACHE_MREG / CACHE_PULLS / repo_folder / f"{commit}.json"
+    return cache / CACHE_MREG / CACHE_PULLS / cache_repo_folder(repo) / f"{commit}.json"
+
+
+def checks_dir(root: Path, name: str, version: int) -> Path:
+    """Where the golden-check records of one version live."""
+    return model_dir(root, name) / CHECKS / str(version)
+
+
+def check_record_name(stamp: str, golden: str, golden_sha256: str) -> str:
+    """The file name of one check record: time first, so that names sort oldest first."""
+    return f"{stamp}-{golden}-{golden_sha256[:12]}.json"
+
+
+def baseline_path(root: Path, name: str, golden: str) -> Path:
+    """Where a golden set's baseline for a model lives."""
+    return model_dir(root, name) / BASELINES / f"{golden}.json"
+
+
+# -- S3: keys relative to the store's prefix, as path parts ---------------------------------
+
+
+def s3_blob(sha256: str) -> tuple[str, ...]:
+    """A blob's key: the same place as in a local store."""
+    return (BLOBS, BLOB_ALGO, sha256[:2], sha256)
+
+
+def s3_blobs() -> tuple[str, ...]:
+    """The prefix of every blob."""
+    return (BLOBS, BLOB_ALGO)
+
+
+def s3_models() -> tuple[str, ...]:
+    """The prefix of every model."""
+    return (MODELS,)
+
+
+def s3_versions(name: str) -> tuple[str, ...]:
+    """The prefix of a model's versions."""
+    return (MODELS, name, VERSIONS)
+
+
+def s3_version(name: str, number: int) -> tuple[str, ...]:
+    """The prefix of one version."""
+    return (MODELS, name, VERSIONS, str(number))
+
+
+def s3_manifest(name: str, number: int) -> tuple[str, ...]:
+    """A version's manifest: its create-only PUT publishes the version."""
+    return (*s3_version(name, number), MANIFEST)
+
+
+def s3_aliases(name: str) -> tuple[str, ...]:
+    """The prefix of a model's alias records."""
+    return (MODELS, name, S3_ALIASES)
+
+
+def s3_alias(name: str, alias: str) -> tuple[str, ...]:
+    """One alias record (target and history), replaced by If-Match."""
+    return (MODELS, name, S3_ALIASES, f"{alias}.json")
+
+
+def s3_key_index(name: str, key: str) -> tuple[str, ...]:
+    """The index entry that finds a version by its conversion key."""
+    return (MODELS, name, S3_KEYS, f"{key}.json")
+
+
+def s3_leases() -> tuple[str, ...]:
+    """The prefix of push leases."""
+    return (S3_LEASES,)
+
+
+def s3_lease(lease_id: str) -> tuple[str, ...]:
+    """One push lease."""
+    return (S3_LEASES, f"{lease_id}.json")
+
+
+def s3_gc_lock() -> tuple[str, ...]:
+    """The object a running gc holds."""
+    return (GC_LOCK,)
+
+
+# -- cache: huggingface_hub's layout, named by its own helper -------------------------------
+
+
+def cache_repo_dir(cache: Path, repo: str) -> Path:
+    """A repository's folder in the cache (`models--org--name`)."""
+    return cache / cache_repo_folder(repo)
+
+
+def cache_repo_folder(repo: str) -> str:
+    """`org/name` → `models--org--name`, as huggingface_hub names it."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    return repo_folder_name(repo_id=repo, repo_type="model")
+
+
+def cache_blobs_dir(cache: Path, repo: str) -> Path:
+    """A repository's file contents, named by etag or digest."""
+    return cache_repo_dir(cache, repo) / CACHE_BLOBS
+
+
+def cache_snapshot_dir(cache: Path, repo: str, commit: str) -> Path:
+    """A commit's files, as links into the blobs."""
+    return cache_repo_dir(cache, repo) / CACHE_SNAPSHOTS / commit
+
+
+def cache_ref_path(cache: Path, repo: str, revision: str) -> Path:
+    """The file holding the commit a branch or tag pointed to."""
+    return cache_repo_dir(cache, repo) / CACHE_REFS / revision

@@ -65,6 +65,7 @@ def check_alias(alias: str) -> str:
     if not layout.ALIAS_RE.match(alias) or alias in layout.RESERVED_ALIASES or alias == LATEST:
         raise UsageError(
             f"bad alias name {alias!r}",
-            hint="use a lower-case word such as production or staging (not versions, history, tmp or latest)",
+            hint="use a lower-case word such as production or staging (not "
+                 f"{', '.join(sorted(layout.RESERVED_ALIASES))} or {LATEST})",
         )
     return alias

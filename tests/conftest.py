@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,7 @@ os.environ.pop("HF_HUB_OFFLINE", None)
 os.environ.pop("HF_TOKEN", None)
 
 import pytest
-from click.testing import CliRunner
-
-from registry.cli import main
+from support.cli import run
 
 
 @pytest.fixture(autouse=True)
@@ -39,28 +36,9 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-@dataclass
-class CliResult:
-    """What one CLI run printed and returned."""
-
-    exit_code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def json(self) -> Any:
-        """The JSON document on stdout."""
-        return json.loads(self.stdout)
-
-
 @pytest.fixture
 def mreg() -> Any:
     """Run `mreg ARGS...` in-process and capture stdout, stderr and the exit code."""
-
-    def run(*args: str | Path) -> CliResult:
-        result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-        return CliResult(result.exit_code, result.stdout, result.stderr)
-
     return run
 
 

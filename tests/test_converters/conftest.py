@@ -1,6 +1,6 @@
 """Tiny models for the GGUF converter: one per architecture, all real Hugging Face directories.
 
-llama and qwen2 come from tests/tiny_models.py as they are; mistral is the llama directory with a
+llama and qwen2 come from tests/support/tiny_models.py as they are; mistral is the llama directory with a
 Mistral config; qwen3 gets its own weights (explicit head_dim different from hidden/heads,
 per-head q/k norms, no biases); the SentencePiece variant replaces the BPE tokenizer of the
 llama directory with a tokenizer.model trained offline on the spot.
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tiny_models import build_tiny_llama, rewrite_config, write_safetensors
+from support.tiny_models import build_tiny_llama, rewrite_config, write_safetensors
 
 CORPUS = [
     "Hello world! How are you today? I am fine, thank you.",
@@ -123,7 +123,7 @@ BUILDERS: dict[str, Callable[..., Path]] = {
 @pytest.fixture(autouse=True)
 def fresh_gpu_probe() -> None:
     """Each test starts with no remembered GPU probe (mreg probes once per process; tests fake GPUs)."""
-    from converters.tensorrt_binding import _probe_gpus
+    from converters.tensorrt.binding import _probe_gpus
 
     _probe_gpus.cache_clear()
 
@@ -150,7 +150,7 @@ def llama_cpp_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     """
     import os
 
-    from llama_cpp_source import SDIST_ENV, Unavailable, source
+    from support.llama_cpp_source import SDIST_ENV, Unavailable, source
 
     cache = getattr(request.config, "cache", None)
     where = Path(cache.mkdir("llama-cpp-source")) if cache is not None else tmp_path_factory.mktemp("llama-cpp")

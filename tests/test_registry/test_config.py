@@ -68,7 +68,7 @@ def test_bad_config_file(mreg: Any, tmp_path: Path) -> None:
 ])
 def test_a_bad_models_table_is_a_usage_error(table: dict[str, object], message: str) -> None:
     from registry.errors import UsageError
-    from registry.hooks import model_policy
+    from registry.release.hooks import model_policy
 
     with pytest.raises(UsageError, match=re.escape(message)) as caught:
         model_policy({"models": {"m": table}}, "m")

@@ -1,0 +1,262 @@
+"""The format `gguf`: one GGUF file per version, from safetensors, for llama.cpp, Ollama and llama-cpp-python.
+
+`--to gguf:Q4_K_M` picks the file type. The conversion plans everything from config.json, the
+tokenizer files and the safetensors headers first (an unsupported model fails before any output),
+then streams: rows of one tensor at a time are read from the shards (pread), encoded on every
+core, written in order and hashed on the way. The file is then re-opened with gguf's reader and,
+when llama-cpp-python is installed, loaded by llama.cpp (see `converters.gguf.verify`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from converters.gguf.file import HashingWriter, header
+from converters.gguf.mix import FILE_TYPES
+from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan
+from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, plans
+from converters.gguf.quants import Floats, backend, quantize
+from manifests import Artifact, GGUFRequirements, Manifest, Verification
+from registry.convert.protocol import (
+    ConversionRequest,
+    ConversionResult,
+    Converter,
+    ConverterBase,
+    Session,
+    main_file,
+    spec_of,
+)
+from registry.errors import UsageError
+from registry.progress import NoProgress, Progress
+
+#: Elements encoded per work item: small enough to keep memory flat, large enough to amortize numpy calls.
+CHUNK_ELEMENTS = 1 << 20
+
+
+def _chunks(t: TensorPlan, reader: SafetensorsReader) -> Iterator[tuple[int, int]]:
+    """Row ranges of one tensor, whole heads when they must be permuted together."""
+    unit = reader.head_rows(t)
+    rows = max(unit, CHUNK_ELEMENTS // max(1, t.ncols) // unit * unit)
+    for start in range(0, t.nrows, rows):
+        yield start, min(t.nrows, start + rows)
+
+
+@dataclass
+class _Stats:
+    """Running figures of one tensor while its chunks are written."""
+
+    err2: float = 0.0
+    sig2: float = 0.0
+    maxerr: float = 0.0
+    head: bytes = b""
+    tail: bytes = b""
+
+
+Encoded = tuple[np.ndarray[Any, Any], float, float, float]
+
+
+def _encode(rows: Floats, qtype: str) -> Encoded:
+    """Encode rows; with the squared error, squared signal and max error of a few of them."""
+    data = quantize(rows, qtype)
+    err2 = sig2 = maxerr = 0.0
+    if qtype != "F32":
+        # A few rows per chunk, decoded by gguf's dequantizer: an implementation independent of ours.
+        sample = rows[:: max(1, len(rows) // 4)][:4]
+        back = dequantize(data[:: max(1, len(rows) // 4)][:4], qtype, rows.shape[1])
+        diff = back - sample
+        err2 = float(np.square(diff, dtype=np.float64).sum())
+        sig2 = float(np.square(sample, dtype=np.float64).sum())
+        maxerr = float(np.abs(diff).max(initial=0.0))
+    return data, err2, sig2, maxerr
+
+
+def _read_and_encode(reader: SafetensorsReader, t: TensorPlan, qtypes: list[str], start: int,
+                     stop: int) -> list[Encoded]:
+    """Rows [start, stop) read once, encoded once per distinct type (files sharing a type share the bytes)."""
+    rows = reader.rows(t, start, stop)
+    done: dict[str, Encoded] = {}
+    for q in qtypes:
+        if q not in done:
+            done[q] = _encode(rows, q)
+    return [done[q] for q in qtypes]
+
+
+def dequantize(data: np.ndarray[Any, Any], qtype: str, ncols: int) -> Floats:
+    """Decode rows with gguf's own numpy dequantizer."""
+    import gguf
+
+    out: Floats = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[qtype]).reshape(-1, ncols)
+    return out.astype(np.float32)
+
+
+def _jobs(model: ModelPlan, reader: SafetensorsReader) -> Iterator[tuple[int, TensorPlan, int, int]]:
+    for i, t in enumerate(model.tensors):
+        for start, stop in _chunks(t, reader):
+            yield i, t, start, stop
+
+
+def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: SafetensorsReader, workers: int,
+          progress: Progress | None = None) -> list[tuple[str, list[EncodedTensor]]]:
+    """Stream one file per plan (same model, other types) from one read of the source.
+
+    Each chunk of rows is read once, encoded in a pool for every plan, and written in order into
+    every file, which is hashed on the way; the pool runs only a few chunks ahead of the writer.
+    """
+    progress = progress or NoProgress()
+    stats = [[_Stats() for _ in p.infos] for p in planned]
+    with contextlib.ExitStack() as stack:
+        outs = [stack.enter_context(HashingWriter(d)) for d in dests]
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers))
+        for p, out in zip(planned, outs, strict=True):
+            out.write(header(p.metadata, p.infos))
+        current = 0
+        pending: deque[tuple[int, Future[list[Encoded]]]] = deque()
+
+        def drain(limit: int) -> None:
+            nonlocal current
+            while len(pending) > limit:
+                i, fut = pending.popleft()
+                while current < i:  # every tensor ends on an alignment boundary
+                    for out in outs:
+                        out.pad()
+                    current += 1
+                for out, st, (data, e, s, m) in zip(outs, stats, fut.result(), strict=True):
+                    raw = np.ascontiguousarray(data).data.cast("B")
+                    one = st[i]
+                    one.head = one.head or bytes(raw[:64])
+                    one.tail = bytes(raw[-64:])
+                    one.err2, one.sig2, one.maxerr = one.err2 + e, one.sig2 + s, max(one.maxerr, m)
+                    out.write(raw)
+                    progress.advance(len(raw))
+
+        model = planned[0].model
+        qtypes = [[p.choices[i].qtype for p in planned] for i in range(len(model.tensors))]
+        for i, t, start, stop in _jobs(model, reader):
+            pending.append((i, pool.submit(_read_and_encode, reader, t, qtypes[i], start, stop)))
+            drain(2 * workers)
+        drain(0)
+        while current < len(model.tensors):
+            for out in outs:
+                out.pad()
+            current += 1
+        digests = [out.close() for out in outs]
+    return [(digest, [EncodedTensor(info, choice, st.head, st.tail, (st.err2 / st.sig2) ** 0.5 if st.sig2 else 0.0,
+                                    st.maxerr)
+                      for info, choice, st in zip(p.infos, p.choices, pstats, strict=True)])
+            for digest, p, pstats in zip(digests, planned, stats, strict=True)]
+
+
+class GGUFConverter(ConverterBase):
+    """Converts llama / mistral / qwen2 / qwen3 safetensors checkpoints to one GGUF file."""
+
+    format: ClassVar[str] = "gguf"
+    converts_many: ClassVar[bool] = True
+    name: ClassVar[str] = "mreg.gguf"
+    version: ClassVar[str] = "1"
+
+    def options(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """`{"spec": "Q4_K_M"}` -> `{"type": "Q4_K_M"}`; F16 when no type is given."""
+        spec = (spec_of("gguf", raw, hint="use --to gguf:Q4_K_M") or DEFAULT_TYPE).upper()
+        if spec not in FILE_TYPES:
+            raise UsageError(f"unknown GGUF type {raw.get('spec')!r}",
+                             hint=f"valid types: {', '.join(FILE_TYPES)}")
+        return {"type": spec}
+
+    def tool_versions(self) -> dict[str, str]:
+        """numpy and gguf shape the bytes; llama-cpp-python and transformers the verification."""
+        from importlib import metadata
+
+        out = {"numpy": np.__version__}
+        for dist in ("gguf", "llama-cpp-python", "transformers", "torch", "tokenizers"):
+            try:
+                out[dist] = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+        return out
+
+    def convert(self, request: ConversionRequest) -> ConversionResult:
+        """Plan, stream the GGUF file into the work directory, re-open and verify it."""
+        return self.convert_many([request])[0]
+
+    def convert_many(self, requests: Sequence[ConversionRequest]) -> list[ConversionResult]:
+        """Several types of one source (same work directory) from one read of its tensors."""
+        first = requests[0]
+        with tempfile.TemporaryDirectory(prefix="mreg-gguf-") as tmp:
+            return self._convert(requests, first.link_source(Path(tmp)))
+
+    def _convert(self, requests: Sequence[ConversionRequest], directory: Path) -> list[ConversionResult]:
+        from converters.gguf import verify as gguf_verify
+
+        first = requests[0]
+        shards = sorted(p for p in directory.rglob("*.safetensors"))
+        # The model's name in the store, so the engine's path is the same from one version to the next.
+        base = first.name or first.source.repo.rstrip("/").split("/")[-1] or "model"
+        types = [r.options["type"] for r in requests]  # distinct: registry.convert.execute refuses a target given twice
+        planned = plans(directory, shards, types, base)
+        dests = [r.workdir / f"{base}-{t}.gguf" for r, t in zip(requests, types, strict=True)]
+        reader = SafetensorsReader()
+        size = sum(i.nbytes for p in planned for i in p.infos)
+        first.progress.start(", ".join(d.name for d in dests), size)
+        t0 = time.monotonic()
+        try:
+            written = write(planned, dests, reader, max(1, os.cpu_count() or 1), first.progress)
+        finally:
+            reader.close()
+            first.progress.done()
+        write_s = time.monotonic() - t0
+        results = []
+        # Several types of one source share the reference forward pass: the first file's check saves it.
+        cache = directory / ".mreg-reference.npz" if len(planned) > 1 else None
+        for p, dest, (digest, encoded) in zip(planned, dests, written, strict=True):
+            t1 = time.monotonic()
+            verification = gguf_verify.verify(dest, p, encoded, directory, first.source, cache)
+            metrics = {**verification.metrics, "write_seconds": round(write_s, 3),
+                       "verify_seconds": round(time.monotonic() - t1, 3)}
+            if len(planned) > 1:
+                metrics["files_written_together"] = float(len(planned))
+            results.append(self._result(p, dest, digest, encoded, verification.model_copy(update={"metrics": metrics})))
+        return results
+
+    @staticmethod
+    def _result(p: GGUFPlan, dest: Path, digest: str, encoded: list[EncodedTensor],
+                verification: Verification) -> ConversionResult:
+        counts = Counter(e.info.qtype for e in encoded)
+        requirements = GGUFRequirements(
+            architecture=p.model.architecture,
+            quantization=p.file_type,
+            tensor_types=dict(sorted(counts.items())),
+            fallbacks={e.info.name: f"{e.choice.wanted}->{e.choice.qtype}: {e.choice.reason}"
+                       for e in encoded if e.choice.wanted},
+        )
+        encoders = sorted({backend(c.qtype) for c in p.choices})
+        return ConversionResult(
+            verification=verification,
+            known_digests={dest.name: digest},
+            requirements=requirements,
+            tool_versions={"gguf-encoders": "+".join(encoders)},
+        )
+
+    def mount_file(self, artifact: Artifact) -> str:
+        """The .gguf file."""
+        return main_file(artifact, ".gguf")
+
+    def open_session(self, artifact_dir: Path, artifact: Artifact, manifest: Manifest) -> Session:
+        """llama.cpp through llama-cpp-python."""
+        from converters.gguf.runtime import open_session
+
+        return open_session(artifact_dir, artifact, manifest)
+
+
+#: What `registry.convert.formats` loads; the annotation has mypy check the class against the protocol.
+CONVERTER: Converter = GGUFConverter()

@@ -1,0 +1,79 @@
+"""A GGUF file planned before its first byte: model, vocabulary, every tensor's type, the header's metadata.
+
+Planning reads only config.json, the tokenizer files and the safetensors headers, so an
+unsupported model or a bad type fails before any output; several file types share one reading.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from converters.gguf.file import TensorInfo
+from converters.gguf.mix import FILE_TYPES, MixParams, TensorChoice, choose_types
+from converters.gguf.model import ModelPlan, UnsupportedModel, load_weights, plan_model
+from converters.gguf.quants.blocks import row_bytes
+from converters.gguf.vocab import Vocab, load_vocab
+
+DEFAULT_TYPE = "F16"
+QUANTIZATION_VERSION = 2
+
+
+@dataclass(frozen=True)
+class EncodedTensor:
+    """What was written for one tensor: its first and last bytes, and its encoding error on sampled rows."""
+
+    info: TensorInfo
+    choice: TensorChoice
+    head: bytes
+    tail: bytes
+    rel_rmse: float
+    max_abs_err: float
+
+
+@dataclass(frozen=True)
+class GGUFPlan:
+    """Everything decided before the first byte: model, vocab, per-tensor types, header."""
+
+    file_type: str
+    model: ModelPlan
+    vocab: Vocab
+    choices: list[TensorChoice]
+    infos: list[TensorInfo]
+    metadata: list[tuple[str, Any]]
+
+
+def _tensor_infos(model: ModelPlan, choices: list[TensorChoice]) -> list[TensorInfo]:
+    return [TensorInfo(t.name, tuple(reversed(t.shape)), c.qtype, t.nrows * row_bytes(c.qtype, t.ncols))
+            for t, c in zip(model.tensors, choices, strict=True)]
+
+
+def plan(directory: Path, safetensors: list[Path], file_type: str, name: str) -> GGUFPlan:
+    """Read config, tokenizer and safetensors headers; choose every tensor's type; no output yet."""
+    return plans(directory, safetensors, [file_type], name)[0]
+
+
+def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], name: str) -> list[GGUFPlan]:
+    """One plan per type; config, headers and tokenizer are read once for all of them."""
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise UnsupportedModel("the snapshot has no config.json", hint="GGUF needs the model's config.json")
+    if not safetensors:
+        raise UnsupportedModel("the snapshot has no .safetensors weights",
+                               hint="GGUF is converted from safetensors; pickle weights are not read")
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    model = plan_model(config, load_weights(safetensors), name)
+    vocab = load_vocab(directory, model.vocab_size)
+    is_70b = model.architecture in ("llama", "qwen2") and model.n_layer == 80
+    shapes = [(t.name, t.shape) for t in model.tensors]
+    mix = MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b)
+    out = []
+    for file_type in file_types:
+        choices = choose_types(file_type, shapes, mix)
+        metadata = [*model.metadata[:3], ("general.file_type", FILE_TYPES[file_type][1]),
+                    ("general.quantization_version", QUANTIZATION_VERSION), *model.metadata[3:], *vocab.metadata()]
+        out.append(GGUFPlan(file_type, model, vocab, choices, _tensor_infos(model, choices), metadata))
+    return out

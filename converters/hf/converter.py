@@ -1,0 +1,60 @@
+"""The identity format `hf`: the safetensors snapshot as is, what vLLM and TGI mount."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from manifests import Artifact, Manifest, Verification
+from registry.convert.protocol import ConversionRequest, ConversionResult, Converter, ConverterBase, Session
+from registry.errors import UsageError
+
+
+class HFConverter(ConverterBase):
+    """Places every source file in the artifact tree unchanged, and checks each digest."""
+
+    format: ClassVar[str] = "hf"
+    name: ClassVar[str] = "mreg.hf"
+    version: ClassVar[str] = "1"
+
+    def options(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """The identity format takes no options."""
+        if raw:
+            raise UsageError(f"--to hf takes no options (got {', '.join(sorted(raw))})", hint="use plain --to hf")
+        return {}
+
+    def tool_versions(self) -> dict[str, str]:
+        """No tool touches the bytes."""
+        return {}
+
+    def convert(self, request: ConversionRequest) -> ConversionResult:
+        """Link (or copy) each source file into the tree; the digest of each must equal the source's."""
+        known: dict[str, str] = {}
+        mismatched: list[str] = []
+        for f in request.source.files:
+            digest = request.place(request.source_files(f.path), f.path, f.sha256)
+            known[f.path] = digest
+            if digest != f.sha256:
+                mismatched.append(f.path)
+        return ConversionResult(
+            verification=Verification(
+                status="failed" if mismatched else "passed",
+                method="identity: the sha256 of every file equals the verified source snapshot",
+                reference=f"{request.source.repo}@{request.source.commit}",
+                inputs=tuple(f.path for f in request.source.files),
+                metrics={"files": float(len(known)), "mismatched_files": float(len(mismatched))},
+                tolerance={"mismatched_files": 0.0},
+                detail=("mismatched: " + ", ".join(mismatched)) if mismatched else None,
+            ),
+            known_digests=known,
+        )
+
+    def open_session(self, artifact_dir: Path, artifact: Artifact, manifest: Manifest) -> Session:
+        """transformers on the CPU (or the first GPU)."""
+        from converters.hf.runtime import open_session
+
+        return open_session(artifact_dir, artifact, manifest)
+
+
+#: What `registry.convert.formats` loads; the annotation has mypy check the class against the protocol.
+CONVERTER: Converter = HFConverter()

@@ -1,0 +1,1 @@
+"""The `onnx` format: export with torch, verify in ONNX Runtime against PyTorch, run for golden checks."""

@@ -1,0 +1,108 @@
+"""The ONNX files of an artifact: `model.onnx` with its weights in `model.onnx.data`, and the transforms
+(fp16, int8, ONNX Runtime's optimizer) that rewrite them; heavy libraries imported inside each."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from converters.onnx.quiet import quiet
+
+#: The IR that the dynamo exporter writes for opset 18. onnx >= 1.23 stamps newer IRs on anything it
+#: builds, which older runtimes refuse (onnxruntime 1.31 reads at most IR 13), and the TorchScript
+#: exporter an older one: every saved model is stamped with this one; ONNX Runtime >= 1.17 reads it.
+IR_VERSION = 10
+#: Outputs kept float32 by the fp16 conversion: what callers read; past/present become float16.
+FLOAT32_OUTPUTS = ("last_hidden_state", "logits")
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+#: Tensors below this many bytes stay inside the graph (shapes, small constants); weights go to DATA_FILE.
+EXTERNAL_MIN_BYTES = 1024
+
+
+def save(proto: Any, dest: Path, check: bool = True) -> Path:
+    """Write a model as `dest/model.onnx` + `dest/model.onnx.data`, stamped with IR_VERSION, and check it.
+
+    `check=False` is for ONNX Runtime's optimized graphs: their fused ops (e.g. SimplifiedLayerNormalization)
+    are ONNX Runtime's own, which onnx's checker does not know; the verification session loads them instead.
+    """
+    import onnx
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in (MODEL_FILE, DATA_FILE):
+        (dest / name).unlink(missing_ok=True)
+    proto.ir_version = IR_VERSION  # the TorchScript exporter writes IR 8, onnx's transforms up to 14
+    onnx.save_model(proto, dest / MODEL_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=DATA_FILE, size_threshold=EXTERNAL_MIN_BYTES, convert_attribute=False)
+    if not (dest / DATA_FILE).exists():
+        (dest / DATA_FILE).touch()  # a model without large tensors still has the documented tree
+    if check:
+        onnx.checker.check_model(str(dest / MODEL_FILE))
+    return dest / MODEL_FILE
+
+
+def load_proto(src: Path) -> Any:
+    """A saved model with its external data in memory."""
+    import onnx
+
+    return onnx.load_model(src / MODEL_FILE, load_external_data=True)
+
+
+def to_fp16(src: Path, dest: Path) -> None:
+    """Convert float32 weights and compute to float16 (ONNX Runtime's converter); caller-facing outputs stay float32."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    proto = load_proto(src)
+    keep = [o.name for o in proto.graph.output if o.name in FLOAT32_OUTPUTS]
+    with quiet():
+        # The exporter already typed every value: shape inference would only fail on >2 GB protos.
+        converted = convert_float_to_float16(proto, keep_io_types=keep, disable_shape_infer=True)
+    save(converted, dest)
+
+
+def quantize_int8(src: Path, dest: Path) -> None:
+    """ONNX Runtime dynamic quantization: MatMul weights to int8 per channel, activations quantized at run time."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory(prefix=".quant-", dir=dest.parent) as tmp, quiet():
+        out = Path(tmp) / MODEL_FILE
+        # Embedding lookups (Gather) and the rest stay float: int8 there costs accuracy for little size.
+        quantize_dynamic(src / MODEL_FILE, out, weight_type=QuantType.QInt8, per_channel=True,
+                         op_types_to_quantize=["MatMul"], use_external_data_format=True)
+        save(load_proto(Path(tmp)), dest)
+
+
+def optimize(src: Path, dest: Path, provider: str) -> None:
+    """ONNX Runtime offline graph optimization (extended level: fusions for `provider`); saved, not just applied."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix=".opt-", dir=dest.parent) as tmp:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = str(Path(tmp) / MODEL_FILE)
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", DATA_FILE)
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                         str(EXTERNAL_MIN_BYTES))
+        options.log_severity_level = 3
+        ort.InferenceSession(str(src / MODEL_FILE), options, providers=[provider])
+        save(load_proto(Path(tmp)), dest, check=False)
+
+
+def describe(path: Path) -> dict[str, Any]:
+    """Opset, IR version, domains and I/O (names, element types, dims) of a saved graph, without its weights."""
+    import onnx
+
+    proto = onnx.load_model(path, load_external_data=False)
+
+    def io(values: Any) -> dict[str, Any]:
+        return {v.name: {"type": onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type).lower(),
+                         "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]}
+                for v in values}
+
+    return {
+        "ir_version": proto.ir_version,
+        "opsets": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
+        "inputs": io(proto.graph.input),
+        "outputs": io(proto.graph.output),
+    }

@@ -1,0 +1,272 @@
+"""mreg's Python API: what the `mreg` command does, for pipelines (Airflow, Dagster, Kubeflow) without a subprocess.
+
+Every function takes its store and cache explicitly, returns a typed result, never prints and
+never exits; failures raise `registry.errors.MregError` subclasses carrying a hint and an exit
+code. The CLI is this module plus parsing and rendering::
+
+    from registry import api
+
+    store = api.open_store("/srv/models")
+    made = api.convert("Qwen/Qwen2.5-0.5B-Instruct", ["hf", "gguf:Q4_K_M"], name="qwen", store=store,
+                       cache="/srv/cache")
+    api.promote(store, f"qwen@{made.version.number}")
+    print(api.resolve(store, "qwen@production", fmt="gguf").path)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from registry import config
+from registry.errors import NotFound, UsageError
+from registry.progress import Progress
+from registry.refs import check_alias, check_name, is_name, parse_ref
+
+if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
+    import threading
+
+    from manifests import CheckRecord
+    from registry.cache import Snapshot
+    from registry.convert.execute import ConversionOutcome
+    from registry.release.aliases import AliasChange
+    from registry.release.hooks import HookedPromotion
+    from registry.store.gc import GCPlan
+    from registry.store.local import LocalStore
+    from registry.store.protocol import Store, Version
+    from registry.store.s3 import S3Store
+    from registry.store.transfer import PushOutcome, SyncOutcome
+    from registry.store.verify import VerifyReport
+
+
+def settings(config_path: str | None = None, cache_dir: str | None = None, store: str | None = None) -> config.Settings:
+    """Where the cache and the store are: the arguments, then MREG_CACHE_DIR / MREG_STORE, then the config file."""
+    return config.load(config_path, cache_dir, store)
+
+
+def open_store(location: str | Path, *, endpoint_url: str | None = None) -> Store:
+    """A store: a directory, or `s3://bucket/prefix` (endpoint: `endpoint_url`, else $AWS_ENDPOINT_URL)."""
+    text = str(location)
+    if text.startswith("s3://"):
+        return open_s3_store(text, endpoint_url=endpoint_url)
+    return open_local_store(text)
+
+
+def open_local_store(location: str | Path) -> LocalStore:
+    """A store on this machine's filesystem; an s3:// location is a usage error."""
+    from registry.store.local import LocalStore
+
+    if str(location).startswith("s3://"):
+        raise UsageError(f"this command works on a local store, not {location}",
+                         hint="give a directory with --store; use `mreg push` / `mreg sync` to move versions")
+    return LocalStore(Path(location))
+
+
+def open_s3_store(url: str, *, endpoint_url: str | None = None) -> S3Store:
+    """A store in S3 or an S3-compatible server."""
+    from registry.store.s3 import S3Store
+
+    return S3Store(url, endpoint_url=endpoint_url)
+
+
+def pull(source: str, *, cache: str | Path, include: Sequence[str] = (), exclude: Sequence[str] = (),
+         allow_pickle: bool = False, offline: bool = False, endpoint: str | None = None,
+         progress: Progress | None = None) -> Snapshot:
+    """Bring `ORG/NAME[@REV]`, `./DIR` or `file:///DIR` into the cache, every file verified; returns the snapshot."""
+    from registry import cache as cache_pkg
+
+    return cache_pkg.pull(Path(cache), source, include=include, exclude=exclude, allow_pickle=allow_pickle,
+                          offline=offline, endpoint=endpoint, progress=progress)
+
+
+def parse_targets(targets: Sequence[str | tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """`["hf", "gguf:Q4_K_M"]` → `[("hf", {}), ("gguf", {"spec": "Q4_K_M"})]`; tuples pass through."""
+    from registry.convert.plan import parse_target
+
+    return [parse_target(t) if isinstance(t, str) else t for t in targets]
+
+
+def check_targets(targets: Sequence[str | tuple[str, dict[str, Any]]]) -> None:
+    """Refuse unknown formats, bad options and repeats, cheaply and before any download."""
+    from registry.convert.plan import check_targets as check
+
+    check(parse_targets(targets))
+
+
+def version_source(store: LocalStore, source: str) -> Version | None:
+    """The version a convert SOURCE names when it is `NAME@REF` of a model in the store, else None."""
+    from registry.cache import local_source
+
+    head = source.split("@", 1)[0]
+    if "/" in head or local_source(source) is not None or not is_name(head) or not store.has_model(head):
+        return None
+    return store.resolve(parse_ref(source))
+
+
+def convert(source: str, targets: Sequence[str | tuple[str, dict[str, Any]]], *, store: LocalStore,
+            cache: str | Path, name: str | None = None, copy: bool = False, include: Sequence[str] = (),
+            exclude: Sequence[str] = (), allow_pickle: bool = False, offline: bool = False,
+            endpoint: str | None = None, progress: Progress | None = None,
+            on_pull: Callable[[], None] | None = None) -> ConversionOutcome:
+    """Convert a source into a new verified version of `name` (or find the same conversion's version).
+
+    SOURCE is a hub repository, a local directory, or `NAME@REF` of a version in the store: the
+    new version then carries that version's artifacts and adds the targets. `on_pull` runs just
+    before anything is fetched (the CLI quiets huggingface_hub's bars there).
+    """
+    from registry.cache import load_record
+    from registry.convert.execute import convert as run
+
+    parsed = parse_targets(targets)
+    check_targets(parsed)
+    parent = version_source(store, source)
+    fetch = on_pull or (lambda: None)
+    if parent is not None:
+        src = parent.manifest.source
+        if src.kind == "local":
+            snap = load_record(Path(cache), src.repo, src.commit)
+            if snap is None:
+                raise UsageError(f"the source of {parent.name}@{parent.number} ({src.requested_revision}) is no "
+                                 f"longer in the cache {cache}", hint=f"run `mreg pull {src.requested_revision}`")
+        else:
+            fetch()
+            snap = pull(f"{src.repo}@{src.commit}", cache=cache, include=include, exclude=exclude,
+                        allow_pickle=allow_pickle, offline=offline, endpoint=endpoint or src.endpoint,
+                        progress=progress)
+        name = name or parent.name
+    else:
+        if not name:
+            raise UsageError("--name is required when converting a repository or directory",
+                             hint="e.g. --name qwen2.5-7b")
+        fetch()
+        snap = pull(source, cache=cache, include=include, exclude=exclude, allow_pickle=allow_pickle,
+                    offline=offline, endpoint=endpoint, progress=progress)
+    return run(store, snap, name, parsed, copy=copy, progress=progress, parent=parent)
+
+
+def promote(store: Store, ref: str, *, alias: str = "production", expect: int | str | None = "",
+            reason: str | None = None, require: Sequence[str] = (), force: bool = False,
+            policy: dict[str, Any] | None = None, reload_cmd: str | None = None, reload_url: str | None = None,
+            ready_url: str | None = None, ready_cmd: str | None = None,
+            ready_timeout_s: float | None = None) -> HookedPromotion:
+    """Point `alias` at the version `ref` names (atomic flip, recorded), after the gates; then the engine hooks.
+
+    `policy` is the config file's contents: its `[models.NAME]` hooks and requirements apply; the
+    hook arguments override them and `require` adds to them. `expect` is the version the alias
+    must point to now (None: the alias must not exist yet; "": no condition). If the engine is not
+    ready after the flip, the alias is flipped back and `EngineNotReady` raised.
+    """
+    from registry.release import hooks
+
+    r = parse_ref(ref)
+    configured_hooks, configured = hooks.model_policy(policy or {}, r.name)
+    merged = hooks.merge(configured_hooks, reload_cmd=reload_cmd, reload_url=reload_url, ready_url=ready_url,
+                         ready_cmd=ready_cmd, ready_timeout_s=ready_timeout_s)
+    return hooks.promote_with_hooks(store, r.name, store.resolve(r), merged, alias=alias, expect=expect,
+                                    reason=reason, force=force, require=(*configured, *require))
+
+
+def rollback(store: Store, name: str, *, alias: str = "production", to: int | None = None,
+             expect: int | str | None = "", reason: str | None = None) -> AliasChange:
+    """Move an alias back to where it pointed before (or to `to`); successive rollbacks walk further back."""
+    from registry.release.aliases import rollback as run
+
+    return run(store, name, alias=alias, to=to, expect=expect, reason=reason)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a serving engine reads for one artifact of a version."""
+
+    name: str
+    version: int
+    format: str
+    #: The alias path (it follows flips) for an alias of a local store, else the version's path.
+    path: str
+    version_path: str
+    alias: str | None
+
+
+def resolve(store: Store, ref: str, *, fmt: str = "hf", physical: bool = False) -> Resolved:
+    """The path to mount for a version's artifact: its main file (or directory), the TensorRT plan for this GPU."""
+    from registry.convert import formats
+
+    r = parse_ref(ref, default="production")
+    v = store.resolve(r)
+    art = next((a for a in v.manifest.artifacts if a.format == fmt), None)
+    if art is None:
+        have = ", ".join(a.format for a in v.manifest.artifacts)
+        raise NotFound(f"{v.name}@{v.number} has no {fmt} artifact (it has {have})",
+                       hint=f"run `mreg convert ... --to {fmt} --name {v.name}`")
+    is_alias = r.number is None and store.alias(r.name, r.ref) is not None
+    version_path = f"{v.path}/{art.path}"
+    mount = store.alias_mount(v.name, r.ref) if is_alias and not physical else None
+    path = f"{mount}/{art.path}" if mount else version_path  # remote stores: the version (mount it with sync)
+    files = store.files_dir(v)
+    main = formats.get(fmt).engine_file(f"{v.name}@{v.number}", art, files / art.path if files else None)
+    if main != ".":
+        path, version_path = f"{path}/{main}", f"{version_path}/{main}"
+    return Resolved(v.name, v.number, fmt, path, version_path, r.ref if is_alias else None)
+
+
+def verify(store: Store, refs: Sequence[str] = (), *, all_versions: bool = False,
+           progress: Progress | None = None) -> list[VerifyReport]:
+    """Re-hash every file of these versions (local) or every blob (S3); a report per version."""
+    from registry.store.verify import verify as run
+
+    if not refs and not all_versions:
+        raise UsageError("nothing to verify", hint="give NAME@REF arguments or --all")
+    versions = [store.resolve(parse_ref(r)) for r in refs]
+    if all_versions:
+        versions += [store.version(m, n) for m in store.models() for n in store.versions(m)]
+    return [run(store, v, progress) for v in versions]
+
+
+def gc(store: Store, *, keep_history: int = 10, keep_latest: int = 3, grace_hours: float = 24.0,
+       apply: bool = False) -> GCPlan:
+    """What nothing needs any more (a plan), removed when `apply`: versions, blobs, interrupted writes, leases."""
+    from registry.store.gc import collect
+
+    return collect(store, keep_history=keep_history, keep_latest=keep_latest, grace_s=grace_hours * 3600,
+                   apply=apply)
+
+
+def push(store: LocalStore, version: str | Version, remote: S3Store, *,
+         progress: Progress | None = None) -> PushOutcome:
+    """Copy a local version (a reference or a resolved `Version`) to an S3 store: only missing blobs, the
+    manifest last (create-only)."""
+    from registry.store.transfer import push as run
+
+    v = store.resolve(parse_ref(version)) if isinstance(version, str) else version
+    return run(store, v, remote, progress=progress)
+
+
+def sync(remote: S3Store, name: str, store: LocalStore, *, alias: str = "production",
+         progress: Progress | None = None) -> SyncOutcome:
+    """Materialize the remote alias's version locally (every blob verified), then flip the local alias."""
+    from registry.store.transfer import sync as run
+
+    check_name(name)
+    check_alias(alias)
+    return run(remote, name, alias, store, progress=progress)
+
+
+def watch(remote: S3Store, name: str, store: LocalStore, *, alias: str, every: float,
+          on_change: Callable[[SyncOutcome], None], stop: threading.Event,
+          on_error: Callable[[Exception], None]) -> None:
+    """Keep syncing an alias every `every` seconds until `stop` is set."""
+    from registry.store.transfer import watch as run
+
+    run(remote, name, alias, store, every, on_change, stop, on_error)
+
+
+def check(store: LocalStore, ref: str, golden: str | Path, *, fmt: str | None = None, min_hit_rate: float = 1.0,
+          record_baseline: bool = False) -> CheckRecord:
+    """Run a golden set through a version's artifact and keep the record (promotion gates read it)."""
+    from registry.release.check import load_golden, run_check
+
+    v = store.resolve(parse_ref(ref))
+    return run_check(store, v, load_golden(Path(golden)), fmt=fmt, min_keyword_hit_rate=min_hit_rate,
+                     record_baseline=record_baseline)

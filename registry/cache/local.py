@@ -1,0 +1,121 @@
+"""Importing a local model directory into the cache: copied and hashed once, then served like a hub snapshot."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from manifests import PullRecord, SourceFile, SourceInfo
+from registry import atomic, layout, provenance
+from registry.cache.plan import RemoteFile, check_space, plan_pull
+from registry.cache.records import Snapshot, cached_ref, load_record, write_record, write_ref
+from registry.digest import file_chunks, write_hashed
+from registry.errors import NotFound, UnsafeInput
+from registry.progress import NoProgress, Progress
+
+
+def pull_local(cache: Path, directory: Path, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
+               allow_pickle: bool = False, progress: Progress | None = None) -> Snapshot:
+    """Import a local model directory into the cache (copied and hashed), as a pinned snapshot."""
+    import hashlib
+
+    progress = progress or NoProgress()
+    directory = directory.expanduser().absolute()
+    if not directory.is_dir():
+        raise NotFound(f"{directory} is not a directory", hint="give the path of a model directory")
+    files = _listing(directory)
+    if not files:
+        raise NotFound(f"{directory} holds no files", hint="give the path of a model directory")
+    repo = f"local/{_slug(directory.name)}-{hashlib.sha256(str(directory).encode()).hexdigest()[:8]}"
+    cache.mkdir(parents=True, exist_ok=True)
+    plan = plan_pull(repo, "0" * 40, files, include=include, exclude=exclude, allow_pickle=allow_pickle)
+    plan = check_space(plan, cache)
+    stats = {f.path: _stat(directory / f.path) for f in plan.selected}
+    previous = _unchanged_import(cache, repo, stats)
+    if previous is not None:
+        return previous
+    blobs = layout.cache_blobs_dir(cache, repo)
+    blobs.mkdir(parents=True, exist_ok=True)
+    progress.start(f"importing {directory.name}", plan.missing_bytes)
+    hashed = [_import_file(cache, blobs, directory, f, progress) for f in plan.selected]
+    progress.done()
+    listing = "\n".join(f"{f.sha256} {f.path}" for f in hashed).encode()
+    commit = hashlib.sha1(listing, usedforsecurity=False).hexdigest()
+    snap = layout.cache_snapshot_dir(cache, repo, commit)
+    if not snap.is_dir():
+        stage = atomic.temp_name(snap, "snap")
+        for sf in hashed:
+            link = stage / sf.path
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.path.relpath(blobs / sf.sha256, link.parent), link)
+        try:
+            os.rename(stage, snap)
+        except OSError:
+            shutil.rmtree(stage, ignore_errors=True)
+            if not snap.is_dir():
+                raise
+    record = PullRecord(
+        source=SourceInfo(kind="local", repo=repo, requested_revision=str(directory), commit=commit,
+                          files=tuple(hashed)),
+        skipped=plan.skipped_pickle + plan.skipped_filter,
+        pulled=provenance.now(),
+        local_stat=stats,
+    )
+    write_record(cache, repo, commit, record)
+    write_ref(cache, repo, "main", commit)
+    return Snapshot(cache, record, snap)
+
+def _listing(directory: Path) -> list[RemoteFile]:
+    """The files of a model directory (not .git or .cache); a link that leaves it is refused."""
+    files: list[RemoteFile] = []
+    for p in sorted(directory.rglob("*")):
+        rel = p.relative_to(directory).as_posix()
+        if rel.split("/")[0] in (".git", ".cache") or p.is_dir():
+            continue
+        if p.is_symlink() and not p.resolve().is_relative_to(directory):
+            raise UnsafeInput(f"{rel} is a symlink to {p.resolve()}, outside {directory}",
+                              hint="copy the file into the directory or remove the link")
+        if p.is_file():
+            files.append(RemoteFile(rel, p.stat().st_size, None, None))
+    return files
+
+
+def _import_file(cache: Path, blobs: Path, directory: Path, f: RemoteFile, progress: Progress) -> SourceFile:
+    """Copy one file into the cache's blobs while hashing it; the blob is named by its sha256."""
+    tmp = atomic.temp_name(blobs / "import")
+    try:
+        digest = write_hashed(tmp, file_chunks(directory / f.path), progress.advance)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, blobs / digest)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        atomic.raise_if_full(e, cache)
+        raise
+    size = (blobs / digest).stat().st_size
+    return SourceFile(path=f.path, size=size, sha256=digest, lfs=True)
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+def _unchanged_import(cache: Path, repo: str, stats: dict[str, tuple[int, int]]) -> Snapshot | None:
+    """The last import of this directory, when every file still has the size and mtime it was hashed with.
+
+    Like git's index: a file changed without changing its size within the same mtime tick would be
+    missed, so files modified within two seconds of the last import are always read again.
+    """
+    commit = cached_ref(cache, repo, "main")
+    hit = load_record(cache, repo, commit) if commit else None
+    if hit is None or hit.record.local_stat != stats:
+        return None
+    racy = hit.record.pulled.at.timestamp() - 2
+    if any(mtime_ns / 1e9 >= racy for _, mtime_ns in stats.values()):
+        return None
+    return hit
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "model"

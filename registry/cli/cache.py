@@ -1,0 +1,96 @@
+"""`mreg config` and `mreg pull`: where things are, and bringing sources into the cache."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from registry import api
+from registry.cli.options import (
+    cache_option,
+    config_option,
+    json_option,
+    progress_for,
+    pull_options,
+    quiet_hub,
+    settings_for,
+    store_option,
+)
+from registry.cli.render import Output
+from registry.units import human_size
+
+if TYPE_CHECKING:
+    from registry.cache import Snapshot
+
+
+@click.command("config")
+@config_option
+@cache_option
+@store_option
+@json_option
+def config_cmd(config_path: str | None, cache_dir: str | None, store: str | None, as_json: bool) -> None:
+    """Show where the cache and the store are, and where each setting came from."""
+    s = settings_for(config_path, cache_dir, store)
+    doc = {
+        "config_file": str(s.config_path),
+        "config_file_exists": s.config_exists,
+        "cache_dir": {"value": s.cache_dir.value, "origin": s.cache_dir.origin},
+        "store": {"value": s.store.value, "origin": s.store.origin},
+        "hf_endpoint": os.environ.get("HF_ENDPOINT"),
+    }
+    Output(as_json).result(doc, lambda: "\n".join([
+        f"config file  {s.config_path}{'' if s.config_exists else ' (absent)'}",
+        f"cache dir    {s.cache_dir.value or '(not set)'}  [{s.cache_dir.origin}]",
+        f"store        {s.store.value or '(not set)'}  [{s.store.origin}]",
+        f"hub endpoint {os.environ.get('HF_ENDPOINT') or 'https://huggingface.co (default)'}",
+    ]))
+
+
+def snapshot_doc(snap: Snapshot) -> dict[str, Any]:
+    """A snapshot as `mreg pull --json` prints it."""
+    src = snap.record.source
+    return {
+        "repo": src.repo, "kind": src.kind, "revision": src.requested_revision, "commit": src.commit,
+        "cache_dir": str(snap.cache), "snapshot": str(snap.path), "files": len(src.files),
+        "bytes": sum(f.size for f in src.files), "downloaded_bytes": snap.downloaded_bytes,
+        "from_cache": snap.reused, "skipped": list(snap.record.skipped),
+    }
+
+
+@click.command("pull")
+@click.argument("source", metavar="REPO[@REVISION] | ./DIR | file:///DIR")
+@config_option
+@cache_option
+@pull_options
+@json_option
+def pull_cmd(source: str, config_path: str | None, cache_dir: str | None, include: tuple[str, ...],
+             exclude: tuple[str, ...], allow_pickle: bool, offline: bool, endpoint: str | None,
+             as_json: bool) -> None:
+    """Download a hub repository (or import a local directory) into the cache, pinned and verified.
+
+    Every file is checked against the hub's sha256 (LFS) or git blob id; free space is checked
+    before the first byte; pickle weights are skipped unless --allow-pickle. A commit already in
+    the cache is served without network.
+    """
+    cache = settings_for(config_path, cache_dir).require_cache()
+    quiet_hub(as_json)
+    snap = api.pull(source, cache=cache, include=include, exclude=exclude, allow_pickle=allow_pickle,
+                    offline=offline, endpoint=endpoint, progress=progress_for(as_json))
+    doc = snapshot_doc(snap)
+    Output(as_json).result(doc, lambda: "\n".join(filter(None, [
+        f"✓ {doc['repo']}@{doc['commit'][:12]} ({doc['files']} files, {human_size(doc['bytes'])}"
+        f"{_how(snap)})",
+        f"  cache    {cache}",
+        f"  snapshot {snap.path}",
+        f"  skipped  {', '.join(snap.record.skipped)}" if snap.record.skipped else "",
+    ])))
+
+
+def _how(snap: Snapshot) -> str:
+    if snap.reused:
+        return ", from cache, nothing transferred"
+    if snap.record.source.kind == "local":
+        return ", imported and hashed"
+    return f", {human_size(snap.downloaded_bytes)} downloaded"

@@ -1,0 +1,86 @@
+"""`mreg convert`: a source into a new verified version (or the existing one made the same way)."""
+
+from __future__ import annotations
+
+import click
+
+from registry import api
+from registry.cli.options import (
+    cache_option,
+    config_option,
+    json_option,
+    local_store,
+    progress_for,
+    pull_options,
+    quiet_hub,
+    settings_for,
+    store_option,
+)
+from registry.cli.render import Output
+
+
+def _tensorrt_tokens(backend: str | None, target: str | None, shapes: str | None, precision: str | None) -> list[str]:
+    """--backend/--target/--shapes/--precision as `--to tensorrt:` spec tokens."""
+    return [t for t in (
+        f"backend={backend}" if backend else "",
+        "target=" + "+".join(x.strip() for x in target.split(",") if x.strip()) if target else "",
+        "shapes=" + ";".join(x.strip() for x in shapes.split(",") if x.strip()) if shapes else "",
+        f"precision={precision}" if precision else "") if t]
+
+
+@click.command("convert")
+@click.argument("source", metavar="REPO[@REVISION] | ./DIR | NAME@REF")
+@click.option("--to", "targets", multiple=True, required=True, metavar="FORMAT[:SPEC]",
+              help="Target format (repeatable): hf, gguf:TYPE (F16, Q8_0, Q4_K_M, …), onnx[:fp16,int8,optimize,"
+                   "with-past], tensorrt[:target=sm_86+sm_89,…].")
+@click.option("--name", help="Model name in the store (default for NAME@REF sources: the same model).")
+@click.option("--copy", is_flag=True,
+              help="Copy files into the store instead of hard-linking them from the cache.")
+@click.option("--backend", type=click.Choice(["tensorrt-rtx", "tensorrt"]), help="TensorRT: the builder.")
+@click.option("--target", "trt_target", metavar="sm_86,sm_89", help="TensorRT: compute capabilities, one engine each.")
+@click.option("--shapes", metavar="NAME=MIN:OPT:MAX,...", help="TensorRT: profiles, e.g. input_ids=1x1:1x128:8x2048.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), help="TensorRT: engine precision.")
+@config_option
+@cache_option
+@store_option
+@pull_options
+@json_option
+def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: bool, backend: str | None,
+                trt_target: str | None, shapes: str | None, precision: str | None, config_path: str | None,
+                cache_dir: str | None, store: str | None, include: tuple[str, ...], exclude: tuple[str, ...],
+                allow_pickle: bool, offline: bool, endpoint: str | None, as_json: bool) -> None:
+    """Convert a source (pulled into the cache first if needed) into a new, verified version.
+
+    SOURCE is a hub repository, a local directory, or an existing version (NAME@REF): then the
+    new version carries that version's artifacts (no copy) and adds the targets to them. The
+    same conversion (same source bytes, converters, options, tool versions) run again returns
+    the existing version without new work.
+    """
+    from registry.convert.plan import parse_target, with_spec_flags
+
+    parsed = with_spec_flags([parse_target(t) for t in targets], "tensorrt",
+                             _tensorrt_tokens(backend, trt_target, shapes, precision),
+                             "--backend, --target, --shapes and --precision")
+    api.check_targets(parsed)  # bad targets or options are refused before any download
+    settings = settings_for(config_path, cache_dir, store)
+    st = local_store(settings)
+    outcome = api.convert(source, parsed, store=st, cache=settings.require_cache(), name=name, copy=copy,
+                          include=include, exclude=exclude, allow_pickle=allow_pickle, offline=offline,
+                          endpoint=endpoint, progress=progress_for(as_json), on_pull=lambda: quiet_hub(as_json))
+    v = outcome.version
+    m = v.manifest
+    doc = {
+        "name": v.name, "version": v.number, "reused": outcome.reused, "path": v.path,
+        "manifest_sha256": v.manifest_sha256, "key": m.key,
+        "formats": [a.format for a in m.artifacts],
+        "verification": {a.format: a.verification.status for a in m.artifacts},
+        "source": {"repo": outcome.source.repo, "commit": outcome.source.commit},
+        "duration_s": round(outcome.duration_s, 3),
+    }
+    verb = "exists" if outcome.reused else "published"
+    checks = ", ".join(f"{a.format} {a.verification.status}" for a in m.artifacts)
+    Output(as_json).result(doc, lambda: "\n".join([
+        f"✓ {v.name}@{v.number} {verb} ({', '.join(a.format for a in m.artifacts)}; verification {checks})",
+        f"  path     {v.path}",
+        f"  manifest sha256:{v.manifest_sha256[:16]}",
+    ]))

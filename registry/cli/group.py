@@ -1,0 +1,97 @@
+"""The `mreg` group and its one error boundary: MregError → one line, a hint, an exit code (and a JSON document)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any
+
+import click
+
+from registry import __version__
+from registry.cli.options import JSON_KEY
+from registry.cli.render import Output
+from registry.errors import EXIT_CODES, MregError
+
+EPILOG = "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + "."
+
+
+class ReportedFailure(Exception):
+    """A command printed its report (the one JSON document) and still fails: only the error line remains."""
+
+    def __init__(self, error: MregError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class MregGroup(click.Group):
+    """A click group whose invoke is mreg's error boundary."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; map MregError to one line, a hint and its exit code."""
+        try:
+            return super().invoke(ctx)
+        except ReportedFailure as e:
+            Output(False).error(e.error)
+            ctx.exit(e.error.exit_code)
+        except MregError as e:
+            if os.environ.get("MREG_DEBUG"):
+                traceback.print_exc()
+            Output(bool(ctx.meta.get(JSON_KEY)) or "--json" in sys.argv).error(e)
+            ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            sys.stderr.write("interrupted; nothing partial was published\n")
+            ctx.exit(130)
+
+
+@click.group(cls=MregGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mreg")
+def main() -> None:
+    """mreg: pull models into an explicit cache, convert and verify them, publish immutable
+    versions to a store, and release them with atomic alias flips.
+
+    \b
+    The loop:
+      mreg pull Qwen/Qwen2.5-7B-Instruct            # into --cache-dir, pinned to a commit
+      mreg convert Qwen/Qwen2.5-7B-Instruct --to hf --name qwen   # new version in --store
+      mreg promote qwen@1                           # production -> versions/1, atomically
+      mreg resolve qwen@production --format hf      # the path a serving engine mounts
+      mreg rollback qwen                            # production back to where it was
+    """
+
+
+#: Modules whose presence means thousands more were imported with them (torch and transformers: about 2,500).
+HEAVY_MODULES = ("torch", "transformers", "onnxruntime", "tensorrt")
+
+
+def run() -> None:
+    """Console entry point.
+
+    After a command that imported one of HEAVY_MODULES, Python's teardown of their modules takes
+    about a second of the user's wall time once everything is done and printed. So the process ends
+    there: exit handlers run and the streams are flushed first (every file mreg writes is closed and
+    renamed into place before a command returns); what is skipped is the freeing of module objects
+    and the joining of threads still running (a conversion's abandoned PyTorch reference, after an
+    error or Ctrl-C).
+    """
+    try:
+        main(prog_name="mreg")
+    except SystemExit as done:
+        if isinstance(done.code, int | None) and any(m in sys.modules for m in HEAVY_MODULES):
+            _exit_now(done.code or 0)
+        raise
+
+
+def _exit_now(code: int) -> None:
+    import atexit
+
+    # Python has no public call for "run the exit handlers now"; os._exit skips them otherwise.
+    atexit._run_exitfuncs()
+    for stream in {id(s): s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}.values():
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # a closed pipe: what was written is lost, as Python says with 120
+            code = code or 120
+    os._exit(code)

@@ -1,0 +1,114 @@
+"""Options every command family shares, and the objects they stand for (settings, stores, progress)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from registry import api
+from registry.cli.render import BarProgress
+from registry.config import Settings
+
+if TYPE_CHECKING:  # boto3 loads with the S3 store only: `mreg --help` stays fast
+    from registry.store.local import LocalStore
+    from registry.store.protocol import Store
+    from registry.store.s3 import S3Store
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: ctx.meta keys: options that the error boundary and the store factories read.
+JSON_KEY = "mreg.json"
+ENDPOINT_KEY = "mreg.endpoint_url"
+
+
+def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[JSON_KEY] = True
+    return value
+
+
+def json_option(f: F) -> F:
+    """`--json`: one JSON document on stdout, no progress bars."""
+    return click.option("--json", "as_json", is_flag=True, is_eager=True, callback=_set_json,
+                        help="Print one JSON document (with schema_version) instead of text; no progress bars.")(f)
+
+
+def config_option(f: F) -> F:
+    """`--config`."""
+    return click.option("--config", "config_path", metavar="FILE", envvar="MREG_CONFIG",
+                        help="Config file (TOML). Default: $XDG_CONFIG_HOME/mreg/config.toml.")(f)
+
+
+def _set_endpoint(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.meta[ENDPOINT_KEY] = value
+
+
+def store_option(f: F) -> F:
+    """`--store` and `--endpoint-url`."""
+    f = click.option("--endpoint-url", metavar="URL", expose_value=False, callback=_set_endpoint,
+                     help="S3 endpoint for s3:// stores (else $AWS_ENDPOINT_URL; AWS when unset).")(f)
+    return click.option("--store", metavar="DIR|s3://BUCKET/PREFIX",
+                        help="Store: a directory or s3://bucket/prefix. Else $MREG_STORE, else `store` in the "
+                             "config file.")(f)
+
+
+def cache_option(f: F) -> F:
+    """`--cache-dir`."""
+    return click.option("--cache-dir", metavar="DIR",
+                        help="Cache root. Else $MREG_CACHE_DIR, else `cache_dir` in the config file.")(f)
+
+
+def pull_options(f: F) -> F:
+    """Options shared by pull and convert."""
+    for opt in reversed([
+        click.option("--include", multiple=True, metavar="GLOB", help="Only files matching (repeatable)."),
+        click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files matching (repeatable)."),
+        click.option("--allow-pickle", is_flag=True,
+                     help="Also fetch pickle weights (.bin/.pt/.pth/.ckpt/.pkl); they can run code when loaded."),
+        click.option("--offline", is_flag=True, help="Use only the cache; never contact the hub."),
+        click.option("--endpoint", envvar="HF_ENDPOINT", metavar="URL", help="Hub endpoint (default $HF_ENDPOINT)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def settings_for(config_path: str | None, cache_dir: str | None = None, store: str | None = None) -> Settings:
+    """The settings these flags, the environment and the config file give."""
+    return api.settings(config_path, cache_dir, store)
+
+
+def _endpoint() -> str | None:
+    value = click.get_current_context().meta.get(ENDPOINT_KEY)
+    return str(value) if value else None
+
+
+def local_store(settings: Settings) -> LocalStore:
+    """The store, which this command needs on the local filesystem."""
+    return api.open_local_store(settings.require_store())
+
+
+def s3_store(url: str) -> S3Store:
+    """An S3 store named on the command line."""
+    return api.open_s3_store(url, endpoint_url=_endpoint())
+
+
+def any_store(settings: Settings) -> Store:
+    """The store, local or S3."""
+    return api.open_store(settings.require_store(), endpoint_url=_endpoint())
+
+
+def progress_for(as_json: bool) -> BarProgress:
+    """Bars on stderr when it is a terminal and the output is for people."""
+    return BarProgress(enabled=not as_json and sys.stderr.isatty())
+
+
+def quiet_hub(as_json: bool) -> None:
+    """huggingface_hub's own bars only where mreg would draw its own."""
+    if as_json or not sys.stderr.isatty():
+        from huggingface_hub import utils as hf_utils
+
+        hf_utils.disable_progress_bars()  # type: ignore[attr-defined]

@@ -1,0 +1,184 @@
+"""`mreg list`, `show`, `history`, `resolve`, `verify`, `gc`: reading a store and keeping it clean."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from registry import api
+from registry.cli.group import ReportedFailure
+from registry.cli.options import any_store, config_option, json_option, progress_for, settings_for, store_option
+from registry.cli.render import Output, table
+from registry.errors import IntegrityError, ModelNotFound
+from registry.refs import check_name, parse_ref
+from registry.units import human_size
+
+
+@click.command("list")
+@click.argument("name", required=False)
+@config_option
+@store_option
+@json_option
+def list_cmd(name: str | None, config_path: str | None, store: str | None, as_json: bool) -> None:
+    """List the models in the store, or the versions of one model."""
+    st = any_store(settings_for(config_path, store=store))
+    out = Output(as_json)
+    if name is None:
+        models: list[dict[str, Any]] = [{"name": m, "versions": len(st.versions(m)), "aliases": st.aliases(m)}
+                                        for m in st.models()]
+        out.result({"store": st.location, "models": models}, lambda: table(
+            [[m["name"], str(m["versions"]), ", ".join(f"{a}→{n}" for a, n in m["aliases"].items())]
+             for m in models], ["MODEL", "VERSIONS", "ALIASES"]) if models else "(no models)")
+        return
+    check_name(name)
+    if name not in st.models():
+        raise ModelNotFound(name)
+    aliases = st.aliases(name)
+    rows: list[dict[str, Any]] = []
+    for n in st.versions(name):
+        v = st.version(name, n)
+        m = v.manifest
+        rows.append({
+            "version": n, "formats": [a.format for a in m.artifacts],
+            "aliases": sorted(a for a, t in aliases.items() if t == n),
+            "source": f"{m.source.repo}@{m.source.commit[:12]}", "created": m.created.at.isoformat(),
+            "manifest_sha256": v.manifest_sha256, "bytes": sum(f.size for a in m.artifacts for f in a.files),
+        })
+    out.result({"name": name, "versions": rows}, lambda: table(
+        [[str(r["version"]), ",".join(r["formats"]), ",".join(r["aliases"]), r["source"],
+          human_size(r["bytes"]), r["created"][:19], r["manifest_sha256"][:12]] for r in rows],
+        ["VERSION", "FORMATS", "ALIASES", "SOURCE", "SIZE", "CREATED", "MANIFEST"]))
+
+
+@click.command("show")
+@click.argument("ref", metavar="NAME[@REF]")
+@config_option
+@store_option
+@json_option
+def show_cmd(ref: str, config_path: str | None, store: str | None, as_json: bool) -> None:
+    """Show a version's manifest (REF: number, alias, `latest`, or manifest digest prefix)."""
+    from registry.store.protocol import manifest_json
+
+    st = any_store(settings_for(config_path, store=store))
+    v = st.resolve(parse_ref(ref))
+    aliases = sorted(a for a, n in st.aliases(v.name).items() if n == v.number)
+    doc = {"name": v.name, "version": v.number, "path": v.path, "manifest_sha256": v.manifest_sha256,
+           "aliases": aliases, "manifest": manifest_json(v.manifest)}
+    m = v.manifest
+
+    def human() -> str:
+        lines = [f"{v.name}@{v.number}  {', '.join(aliases)}".rstrip(),
+                 f"  manifest  sha256:{v.manifest_sha256}",
+                 f"  path      {v.path}",
+                 f"  source    {m.source.repo}@{m.source.commit} ({m.source.kind}, {len(m.source.files)} files)",
+                 f"  created   {m.created.at.isoformat()} by {m.created.user}@{m.created.host}",
+                 f"  key       {m.key}"]
+        for a in m.artifacts:
+            size = sum(f.size for f in a.files)
+            lines.append(f"  {a.format:<9} {len(a.files)} files, {human_size(size)}, {a.converter.name} "
+                         f"{a.converter.version}, verification {a.verification.status}: {a.verification.method}")
+        return "\n".join(lines)
+
+    Output(as_json).result(doc, human)
+
+
+@click.command("history")
+@click.argument("name")
+@click.option("--alias", default=None, help="Only this alias.")
+@config_option
+@store_option
+@json_option
+def history_cmd(name: str, alias: str | None, config_path: str | None, store: str | None, as_json: bool) -> None:
+    """Show every alias change of a model: who, when, from, to, why."""
+    check_name(name)
+    st = any_store(settings_for(config_path, store=store))
+    entries = [e for e in st.history(name) if alias is None or e.alias == alias]
+    docs = [e.model_dump(mode="json", by_alias=True) for e in entries]
+    Output(as_json).result({"name": name, "entries": docs}, lambda: table(
+        [[e.by.at.isoformat()[:19], e.alias, e.action, str(e.from_version or "-"), str(e.to_version),
+          f"{e.by.user}@{e.by.host}", e.reason or ""] for e in entries],
+        ["WHEN", "ALIAS", "ACTION", "FROM", "TO", "BY", "WHY"]) if entries else "(no alias changes)")
+
+
+@click.command("resolve")
+@click.argument("ref", metavar="NAME[@REF]")
+@click.option("--format", "fmt", default="hf", show_default=True, help="Artifact format.")
+@click.option("--physical", is_flag=True, help="Print the version directory instead of the alias path.")
+@config_option
+@store_option
+@json_option
+def resolve_cmd(ref: str, fmt: str, physical: bool, config_path: str | None, store: str | None,
+                as_json: bool) -> None:
+    """Print the path a serving engine should mount for a version's artifact.
+
+    For an alias (NAME@production) this is the alias path, which follows promotions and
+    rollbacks; for a number it is the immutable version directory.
+    """
+    r = api.resolve(any_store(settings_for(config_path, store=store)), ref, fmt=fmt, physical=physical)
+    doc = {"name": r.name, "version": r.version, "format": r.format, "path": r.path,
+           "version_path": r.version_path, "alias": r.alias}
+    Output(as_json).result(doc, r.path)
+
+
+@click.command("verify")
+@click.argument("refs", nargs=-1, metavar="[NAME@REF]...")
+@click.option("--all", "all_", is_flag=True, help="Verify every version in the store.")
+@config_option
+@store_option
+@json_option
+def verify_cmd(refs: tuple[str, ...], all_: bool, config_path: str | None, store: str | None, as_json: bool) -> None:
+    """Re-hash every file of the given versions offline; exit 4 on any mismatch, missing or extra file."""
+    st = any_store(settings_for(config_path, store=store))
+    reports = api.verify(st, refs, all_versions=all_, progress=progress_for(as_json))
+    bad = [r for r in reports if not r.ok]
+    docs = [{"name": r.name, "version": r.version, "files": r.files, "bytes": r.bytes, "ok": r.ok,
+             "problems": list(r.problems)} for r in reports]
+    Output(as_json).result({"ok": not bad, "versions": docs}, lambda: "\n".join(
+        (f"✓ {r.name}@{r.version}: {r.files} files, {human_size(r.bytes)} match their digests" if r.ok else
+         f"✗ {r.name}@{r.version}:\n" + "\n".join(f"    {p}" for p in r.problems)) for r in reports))
+    if bad:
+        raise ReportedFailure(IntegrityError(
+            f"{len(bad)} of {len(reports)} version(s) failed verification: "
+            + ", ".join(f"{r.name}@{r.version}" for r in bad),
+            hint="re-publish the damaged versions from their source (`mreg convert`), then `mreg gc --yes`",
+        ))
+
+
+@click.command("gc")
+@click.option("--keep-history", default=10, show_default=True, help="Keep versions named by the last N alias changes.")
+@click.option("--keep-latest", default=3, show_default=True, help="Keep the newest K versions of each model.")
+@click.option("--dry-run", is_flag=True, help="Only show the plan (the default without --yes).")
+@click.option("--yes", is_flag=True, help="Carry out the plan.")
+@click.option("--grace-hours", default=24.0, show_default=True,
+              help="S3 stores: only blobs older than this are removed (pushes in flight are protected by leases).")
+@config_option
+@store_option
+@json_option
+def gc_cmd(keep_history: int, keep_latest: int, dry_run: bool, yes: bool, grace_hours: float, config_path: str | None,
+           store: str | None, as_json: bool) -> None:
+    """Remove unreachable versions, blobs and leftovers of interrupted writes (plan only unless --yes).
+
+    Never removes a version an alias points to, one named by the last --keep-history alias
+    changes, or one of the newest --keep-latest versions. On S3, only unreferenced blobs older
+    than --grace-hours are removed; versions are kept.
+    """
+    st = any_store(settings_for(config_path, store=store))
+    applied = yes and not dry_run
+    plan = api.gc(st, keep_history=keep_history, keep_latest=keep_latest, grace_hours=grace_hours, apply=applied)
+    doc = {"applied": applied, "versions": [{"name": n, "version": v} for n, v in plan.versions],
+           "blobs": len(plan.blobs), "blob_bytes": plan.blob_bytes, "staging": list(plan.staging),
+           "stale_leases": len(plan.leases), "kept": [{"name": n, "version": v, "why": w} for n, v, w in plan.kept]}
+    verb = "removed" if applied else "would remove"
+
+    def human() -> str:
+        lines = [f"{verb}: {len(plan.versions)} version(s), {len(plan.blobs)} blob(s) "
+                 f"({human_size(plan.blob_bytes)}), {len(plan.staging)} interrupted write(s), "
+                 f"{len(plan.leases)} stale lease(s)"]
+        lines += [f"  - {n}@{v}" for n, v in plan.versions]
+        lines += [f"  kept {n}@{v}: {w}" for n, v, w in plan.kept]
+        if not applied:
+            lines.append("run again with --yes to carry this out")
+        return "\n".join(lines)
+
+    Output(as_json).result(doc, human)

@@ -1,0 +1,130 @@
+"""Promotion and rollback: gate, lock, check `--expect`, flip, record.
+
+Correctness rests on the rename of the alias symlink (readers see the old or the new target,
+never nothing); the lock only serializes the read-modify-write of alias and history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from manifests import HistoryEntry
+from registry import provenance
+from registry.errors import Conflict, GateRefused, NotFound
+from registry.refs import check_alias, check_name
+from registry.release.gates import check_gates
+from registry.store.protocol import HistoryLoader, Store, Version
+
+
+@dataclass(frozen=True)
+class AliasChange:
+    """The outcome of a promotion or rollback."""
+
+    name: str
+    alias: str
+    from_version: int | None
+    to_version: int
+    changed: bool
+    action: str
+
+
+def promote(
+    store: Store,
+    name: str,
+    version: Version,
+    *,
+    alias: str = "production",
+    expect: int | str | None = "",
+    reason: str | None = None,
+    force: bool = False,
+    require: Sequence[str] = (),
+) -> AliasChange:
+    """Point `alias` at `version` atomically, after the gates and the `--expect` check."""
+    check_name(name)
+    check_alias(alias)
+    problems = check_gates(version, require, store)
+    if problems and not force:
+        raise GateRefused(
+            f"{name}@{version.number} may not be promoted: {'; '.join(problems)}",
+            hint="fix the version, or pass --force to promote anyway",
+        )
+    def decide(current: int | None, _history: HistoryLoader) -> HistoryEntry | None:
+        _check_expect(name, alias, current, expect)
+        if current == version.number:
+            return None
+        store.version(name, version.number)  # still published (not collected) as we flip
+        return _entry(alias, "promote", current, version.number, reason)
+
+    current, entry = store.transact_alias(name, alias, decide)
+    if entry is None:
+        return AliasChange(name, alias, current, version.number, False, "promote")
+    return AliasChange(name, alias, current, version.number, True, "promote")
+
+
+def rollback_stack(history: Sequence[HistoryEntry], alias: str) -> list[int]:
+    """The versions an alias went through, newest last, with rolled-back ones removed (pure)."""
+    stack: list[int] = []
+    for e in history:
+        if e.alias != alias:
+            continue
+        if e.action == "rollback" and e.to_version in stack:
+            while stack and stack[-1] != e.to_version:
+                stack.pop()
+        elif not stack or stack[-1] != e.to_version:
+            stack.append(e.to_version)
+    return stack
+
+
+def rollback(
+    store: Store,
+    name: str,
+    *,
+    alias: str = "production",
+    to: int | None = None,
+    expect: int | str | None = "",
+    reason: str | None = None,
+) -> AliasChange:
+    """Return `alias` to the version it pointed at before (or to `to`), from the history."""
+    check_name(name)
+    check_alias(alias)
+    def decide(current: int | None, history: HistoryLoader) -> HistoryEntry | None:
+        if current is None:
+            raise NotFound(f"{name} has no alias {alias}", hint=f"run `mreg promote {name}@VERSION --alias {alias}`")
+        _check_expect(name, alias, current, expect)
+        target = to
+        if target is None:
+            stack = rollback_stack(history(), alias)
+            while stack and stack[-1] == current:
+                stack.pop()
+            if not stack:
+                raise NotFound(
+                    f"{name} {alias} has no earlier version to roll back to (it is at {current})",
+                    hint=f"pick one with `mreg rollback {name} --to VERSION`",
+                )
+            target = stack[-1]
+        store.version(name, target)
+        if target == current:
+            return None
+        return _entry(alias, "rollback", current, target, reason)
+
+    current, entry = store.transact_alias(name, alias, decide)
+    if entry is None:
+        return AliasChange(name, alias, current, current or 0, False, "rollback")
+    return AliasChange(name, alias, current, entry.to_version, True, "rollback")
+
+
+def _check_expect(name: str, alias: str, current: int | None, expect: int | str | None) -> None:
+    if expect != "" and current != expect:
+        raise Conflict(
+            f"{name} {alias} is {current if current is not None else 'unset'}, "
+            f"not {expect if expect is not None else 'unset'} as expected; nothing changed",
+            hint=f"run `mreg history {name}` to see who moved it, then retry with the right --expect",
+        )
+
+
+def _entry(alias: str, action: str, frm: int | None, to: int, reason: str | None) -> HistoryEntry:
+    """A history entry stamped with who, where and when."""
+    return HistoryEntry.model_validate(
+        {"alias": alias, "action": action, "from": frm, "to": to, "reason": reason, "by": provenance.now()}
+    )

@@ -1,0 +1,39 @@
+"""Promotion gates: every reason a version may not take an alias, each answered by whoever owns it.
+
+A failed verification always blocks. A requirement (`--require`, or `require` under
+`[models.NAME]`) names a format, which the format's converter judges (`tensorrt:sm_80,sm_90`
+asks for engines), or `check[:GOLDEN]`, a passing golden-set check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from registry.convert.formats import get, known
+from registry.release.check import check_problems
+from registry.store.protocol import Store, Version
+
+
+def check_gates(version: Version, requirements: Sequence[str] = (), store: Store | None = None) -> list[str]:
+    """Every reason a version may not be promoted (empty when it may).
+
+    A requirement is a format (`hf`, `gguf`, …) the version must carry, or `check[:GOLDEN]`: the
+    latest golden-set check of this version (of that set) must have passed, or `tensorrt:sm_80,sm_90`:
+    an engine for each of these compute capabilities.
+    """
+    problems = []
+    for art in version.manifest.artifacts:
+        if art.verification.status == "failed":
+            problems.append(f"{art.format} artifact failed verification ({art.verification.method})")
+    formats = {a.format for a in version.manifest.artifacts}
+    for req in requirements:
+        kind = req.split(":", 1)[0]
+        if kind == "check":
+            problems += check_problems(store, version, req) if store is not None else [
+                f"{req}: no store to read check records from"]
+        elif known(kind):
+            problems += get(kind).gate_problems(next((a for a in version.manifest.artifacts if a.format == kind),
+                                                     None), req)
+        elif kind not in formats:
+            problems.append(f"no {kind} artifact (required by --require {req})")
+    return problems

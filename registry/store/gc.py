@@ -1,0 +1,198 @@
+"""Garbage collection: plan (pure reading) then execute (in reverse commit order: manifest, tree, blobs).
+
+Never removes a version an alias points to, one named by the last N history entries, or one of
+the newest K versions of a model; never touches a staging tree whose writer still holds its lock;
+runs only while no publisher holds the store's writer lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from registry import atomic, layout
+from registry.errors import Conflict
+from registry.store.local import LocalStore
+from registry.store.protocol import Store
+
+if TYPE_CHECKING:
+    from registry.store.s3 import S3Store
+
+
+@dataclass(frozen=True)
+class GCPlan:
+    """What gc would remove and why the rest stays."""
+
+    versions: tuple[tuple[str, int], ...]
+    kept: tuple[tuple[str, int, str], ...]
+    blobs: tuple[tuple[str, int], ...]
+    staging: tuple[str, ...]
+    #: S3: push leases past their expiry.
+    leases: tuple[str, ...] = ()
+
+    @property
+    def blob_bytes(self) -> int:
+        """Bytes the blob removals free."""
+        return sum(size for _, size in self.blobs)
+
+
+def plan_gc(store: LocalStore, *, keep_history: int = 10, keep_latest: int = 3) -> GCPlan:
+    """Work out what is unreachable, without changing anything."""
+    remove: list[tuple[str, int]] = []
+    kept: list[tuple[str, int, str]] = []
+    referenced: set[str] = set()
+    for name in store.models():
+        numbers = store.versions(name)
+        aliased = {v: a for a, v in store.aliases(name).items()}
+        recent: set[int] = set()
+        for e in store.history(name)[-keep_history:] if keep_history > 0 else []:
+            recent.add(e.to_version)
+            if e.from_version is not None:
+                recent.add(e.from_version)
+        newest = set(numbers[-keep_latest:]) if keep_latest > 0 else set()
+        for n in numbers:
+            if n in aliased:
+                why = f"alias {aliased[n]}"
+            elif n in recent:
+                why = f"in the last {keep_history} history entries"
+            elif n in newest:
+                why = f"one of the newest {keep_latest}"
+            else:
+                remove.append((name, n))
+                continue
+            kept.append((name, n, why))
+            for art in store.version(name, n).manifest.artifacts:
+                referenced.update(f.sha256 for f in art.files)
+    blobs = [(d, p.stat().st_size) for d, p in store.blob_digests() if d not in referenced]
+    staging = [str(p) for p in _stale_staging(store)]
+    return GCPlan(tuple(remove), tuple(kept), tuple(blobs), tuple(staging))
+
+
+def _stale_staging(store: LocalStore) -> list[Path]:
+    if not store.tmp.is_dir():
+        return []
+    out = []
+    for p in sorted(store.tmp.iterdir()):
+        if p.is_dir():
+            with atomic.flock(store.tmp / (p.name + ".lock"), blocking=False) as got:
+                if got:
+                    out.append(p)
+    return out
+
+
+def execute_gc(store: LocalStore, plan: GCPlan) -> GCPlan:
+    """Carry out a plan, re-checking every removal under the locks; returns what was removed."""
+    with atomic.flock(store.root / layout.GC_LOCK, blocking=False) as got:
+        if not got:
+            raise Conflict("a publish is in progress in this store", hint="run gc again when it has finished")
+        removed_versions = []
+        for name, n in plan.versions:
+            with store.alias_lock(name):
+                if n in store.aliases(name).values():
+                    continue
+                vdir = layout.version_dir(store.root, name, n)
+                manifest = vdir / layout.MANIFEST
+                if not manifest.exists():
+                    continue
+                manifest.unlink()  # the version is invisible from here on
+                atomic.fsync_dir(vdir)
+                for child in list(vdir.iterdir()):
+                    if child.is_dir() and not child.is_symlink():
+                        atomic.remove_tree(child)
+                    else:
+                        child.unlink()
+                (vdir / layout.TOMBSTONE).write_text("removed by mreg gc; the number is never reused\n")
+                removed_versions.append((name, n))
+        removed_staging = []
+        for s in plan.staging:
+            p = Path(s)
+            lock = store.tmp / (p.name + ".lock")
+            with atomic.flock(lock, blocking=False) as free:
+                if free and p.exists():
+                    atomic.remove_tree(p)
+                    removed_staging.append(s)
+            with contextlib.suppress(FileNotFoundError):
+                if not p.exists():
+                    lock.unlink()
+        referenced: set[str] = set()
+        for name in store.models():
+            for n in store.versions(name):
+                for art in store.version(name, n).manifest.artifacts:
+                    referenced.update(f.sha256 for f in art.files)
+        removed_blobs = []
+        for digest, size in plan.blobs:
+            if digest in referenced:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(layout.blob_path(store.root, digest))
+                removed_blobs.append((digest, size))
+    return GCPlan(tuple(removed_versions), plan.kept, tuple(removed_blobs), tuple(removed_staging))
+
+
+def collect(store: Store, *, keep_history: int = 10, keep_latest: int = 3, grace_s: float = 24 * 3600,
+            apply: bool = False) -> GCPlan:
+    """Plan gc for any store and, with `apply`, carry it out; returns what was (or would be) removed.
+
+    A local store loses unreachable versions, blobs and interrupted writes; an S3 store keeps its
+    versions and loses unreferenced blobs older than `grace_s` and stale leases.
+    """
+    if isinstance(store, LocalStore):
+        plan = plan_gc(store, keep_history=keep_history, keep_latest=keep_latest)
+        return execute_gc(store, plan) if apply else plan
+    from registry.store.s3 import S3Store
+
+    assert isinstance(store, S3Store), f"no gc for {type(store).__name__}"
+    return gc_remote(store, grace_s=grace_s, apply=apply)
+
+
+def gc_remote(remote: S3Store, *, grace_s: float = 24 * 3600, apply: bool = False) -> GCPlan:
+    """Mark from every manifest and live lease; sweep unreferenced blobs older than the grace period."""
+    from registry.store.s3 import LEASE_TTL_S, PreconditionFailed
+
+    lock_key = remote.key(*layout.s3_gc_lock())
+    if apply:
+        try:
+            remote.put(lock_key, f'{{"at": {time.time()}}}'.encode(), if_none_match=True)
+        except PreconditionFailed as e:
+            raise Conflict("another gc is running on this store", hint="retry when it has finished") from e
+    try:
+        now = time.time()
+        referenced: set[str] = set()
+        stale_leases = []
+        for o in remote.list_objects(remote.key(*layout.s3_leases()) + "/"):
+            obj = remote.get(o["Key"])
+            if obj is None:
+                continue
+            doc = json.loads(obj.data)
+            if now - float(doc.get("at", 0)) > LEASE_TTL_S:
+                stale_leases.append(o["Key"])
+            else:
+                referenced.update(doc.get("digests", []))
+        for name in remote.models():
+            for n in remote.versions(name):
+                for art in remote.version(name, n).manifest.artifacts:
+                    referenced.update(f.sha256 for f in art.files)
+        doomed = []
+        for o in remote.list_objects(remote.key(*layout.s3_blobs()) + "/"):
+            digest = o["Key"].rsplit("/", 1)[-1]
+            age = now - o["LastModified"].timestamp()
+            if digest not in referenced and age > grace_s:
+                doomed.append((digest, int(o["Size"])))
+        stale_uploads = [(u["Key"], u["UploadId"]) for u in remote.multipart_uploads(remote.key(layout.BLOBS) + "/")
+                         if now - u["Initiated"].timestamp() > grace_s]
+        if apply:
+            for digest, _ in doomed:
+                remote.delete(remote.blob_key(digest))
+            for key in stale_leases:
+                remote.delete(key)
+            for key, upload_id in stale_uploads:  # parts left by pushes that were killed mid-upload
+                remote.abort_upload(key, upload_id)
+    finally:
+        if apply:
+            remote.delete(lock_key)
+    return GCPlan((), (), tuple(doomed), (), tuple(stale_leases))

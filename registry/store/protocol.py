@@ -1,0 +1,119 @@
+"""The store protocol: what promotion, listing, verification and gc need from a store, local or S3.
+
+Both backends (`registry.store.local.LocalStore`, `registry.store.s3.S3Store`) are checked
+against `Store` by mypy; nothing outside this package asks which one it has.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from manifests import CheckRecord, HistoryEntry, Manifest
+from registry.errors import ModelNotFound, UsageError, VersionNotFound
+from registry.refs import LATEST, Ref
+
+
+@dataclass(frozen=True)
+class Version:
+    """A published version as read back from the store."""
+
+    name: str
+    number: int
+    manifest: Manifest
+    manifest_sha256: str
+    path: str
+
+
+class Store(Protocol):
+    """What promotion, listing and verification need from a store, local or remote."""
+
+    location: str
+
+    def models(self) -> list[str]:
+        """Names of the models in the store."""
+
+    def versions(self, name: str) -> list[int]:
+        """Published version numbers of a model, ascending."""
+
+    def version(self, name: str, number: int) -> Version:
+        """One published version."""
+
+    def resolve(self, ref: Ref) -> Version:
+        """The version a reference names."""
+
+    def has_model(self, name: str) -> bool:
+        """Whether the store knows this model."""
+
+    def aliases(self, name: str) -> dict[str, int]:
+        """Every alias of a model and the version it points to."""
+
+    def alias(self, name: str, alias: str) -> int | None:
+        """The version an alias points to, if it exists."""
+
+    def history(self, name: str) -> list[HistoryEntry]:
+        """Every recorded alias change of a model, oldest first."""
+
+    def last_entry(self, name: str, alias: str) -> HistoryEntry | None:
+        """The newest history entry of one alias."""
+
+    def transact_alias(self, name: str, alias: str, decide: AliasDecision) -> tuple[int | None, HistoryEntry | None]:
+        """Read an alias, let `decide` choose the change (or None), apply it atomically; returns (before, entry)."""
+
+    def find_by_key(self, name: str, key: str) -> Version | None:
+        """The version made by the conversion with this key, if one was published."""
+
+    def alias_mount(self, name: str, alias: str) -> str | None:
+        """The path that follows an alias (what an engine mounts), where the store is a filesystem; else None."""
+
+    def files_dir(self, version: Version) -> Path | None:
+        """The version's directory when its files are on this machine; None for a remote store."""
+
+    def check_records(self, name: str, number: int) -> list[CheckRecord] | None:
+        """Golden-check records of a version, oldest first; None where this store keeps none."""
+
+
+HistoryLoader = Callable[[], list[HistoryEntry]]
+#: Given the alias's current target and a loader of the model's history, the entry to apply (or None).
+AliasDecision = Callable[[int | None, HistoryLoader], HistoryEntry | None]
+
+
+def resolve_ref(store: Store, ref: Ref) -> Version:
+    """The version a reference names in any store: number, alias, `latest` or manifest digest prefix."""
+    if ref.number is not None:
+        return store.version(ref.name, ref.number)
+    if not store.has_model(ref.name):
+        raise ModelNotFound(ref.name)
+    if ref.ref == LATEST:
+        numbers = store.versions(ref.name)
+        if not numbers:
+            raise VersionNotFound(ref.name, ref.ref)
+        return store.version(ref.name, numbers[-1])
+    target = store.alias(ref.name, ref.ref)
+    if target is not None:
+        return store.version(ref.name, target)
+    if ref.is_digest_prefix:
+        hits = [v for v in (store.version(ref.name, n) for n in store.versions(ref.name))
+                if v.manifest_sha256.startswith(ref.ref)]
+        if len(hits) > 1:
+            raise UsageError(
+                f"{ref} is ambiguous: it matches versions {', '.join(str(h.number) for h in hits)}",
+                hint="give more digits of the manifest digest",
+            )
+        if hits:
+            return hits[0]
+    raise VersionNotFound(ref.name, ref.ref)
+
+
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """The exact bytes of a manifest file (its sha256 is the manifest digest)."""
+    return (manifest.model_dump_json(by_alias=True, indent=2) + "\n").encode()
+
+
+def manifest_json(manifest: Manifest) -> dict[str, object]:
+    """The manifest as a JSON-ready dict."""
+    result: dict[str, object] = json.loads(manifest_bytes(manifest))
+    return result

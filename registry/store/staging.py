@@ -1,0 +1,109 @@
+"""A version tree being built in the store's tmp/ directory: files placed or converted there become links to
+blobs, and `LocalStore.publish` renames the whole tree into `versions/<n>`."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from manifests import Artifact, FileEntry
+from registry import atomic, layout
+from registry.digest import sha256_file
+from registry.errors import UsageError
+from registry.progress import Progress
+
+if TYPE_CHECKING:
+    from registry.store.local import LocalStore
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A file placed in a staging tree, with its digest when already known and trusted."""
+
+    path: str
+    sha256: str | None = None
+
+
+class Staging:
+    """A version tree being built in the store's tmp directory; publish() makes it a version."""
+
+    def __init__(self, store: LocalStore, name: str) -> None:
+        self.store = store
+        self.name = name
+        store.tmp.mkdir(parents=True, exist_ok=True)
+        self.path = store.tmp / f"stage-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.lock_path = store.tmp / (self.path.name + ".lock")
+        self._lock = contextlib.ExitStack()
+        # Held for the staging tree's lifetime: gc removes only trees whose lock it can take.
+        self._lock.enter_context(atomic.flock(self.lock_path))
+        self.path.mkdir()
+
+    def release(self) -> None:
+        """Drop the staging lock (after publish or discard)."""
+        self._lock.close()
+        self.lock_path.unlink(missing_ok=True)
+
+    def discard(self) -> None:
+        """Remove the staging tree and its lock."""
+        atomic.remove_tree(self.path)
+        self.release()
+
+    def carry(self, art: Artifact) -> Artifact:
+        """Bring another version's artifact into this tree as links to its blobs; its record is unchanged."""
+        for f in art.files:
+            dest = self.path / art.path / f.path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.link(layout.blob_path(self.store.root, f.sha256), dest)
+        return art
+
+    def placer(self, fmt: str, *, copy: bool, trusted_before: float,
+               progress: Progress) -> Callable[[Path, str, str], str]:
+        """How source files enter an artifact tree: a hard link when possible and trusted, else a verified copy."""
+
+        def place(src: Path, rel: str, sha256: str) -> str:
+            dest = self.path / fmt / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            st = src.stat()
+            # The pull verified this file; trust its digest while it looks untouched since then.
+            if not copy and st.st_mtime <= trusted_before + 1:
+                try:
+                    os.link(src, dest)
+                    return sha256
+                except OSError as e:
+                    if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                        raise
+            progress.start(f"copying {rel}", st.st_size)
+            digest = self.store.add_blob_copy(src, dest, sha256, progress)
+            progress.done()
+            return digest
+
+        return place
+
+    def ingest(self, subdir: str, known: dict[str, str], progress: Progress,
+               skip: set[str] | frozenset[str] = frozenset()) -> tuple[FileEntry, ...]:
+        """Turn every file under `subdir` (but those in `skip`) into a link to its blob; return the entries."""
+        root = self.path / subdir
+        files = sorted(p for p in root.rglob("*")
+                       if (p.is_file() or p.is_symlink()) and p.relative_to(root).as_posix() not in skip)
+        entries: list[FileEntry] = []
+        todo = sum(p.stat().st_size for p in files if p.relative_to(root).as_posix() not in known)
+        progress.start(f"hashing {subdir}", todo)
+        for p in files:
+            rel = p.relative_to(root).as_posix()
+            if p.is_symlink():
+                raise UsageError(f"converter left a symlink in the artifact: {rel}",
+                                 hint="this is a bug in the converter")
+            digest = known.get(rel)
+            if digest is None:
+                digest = sha256_file(p, progress.advance)
+            self.store.link_blob(p, digest, verify=False)
+            entries.append(FileEntry(path=rel, size=p.stat().st_size, sha256=digest))
+        progress.done()
+        return tuple(entries)

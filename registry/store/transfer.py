@@ -1,0 +1,207 @@
+"""Moving versions between a local store and an S3 store: push, sync, remote verify and gc.
+
+Push: lease → upload the blobs the remote lacks (checked by key, SHA-256 verified by the server)
+→ create-only manifest → key index → drop the lease. A push killed anywhere leaves at most
+unreferenced blobs; the re-push uploads only what is missing.
+
+Sync: alias record → manifest (its digest must match the record) → blobs downloaded into a
+local staging tree, each hashed while written → published locally under the same number →
+local symlink flipped. A corrupt remote blob fails the sync before anything becomes visible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from manifests import HistoryEntry, Manifest
+from registry import layout, provenance
+from registry.digest import write_hashed
+from registry.errors import Conflict, IntegrityError, NotFound, StoreUnreachable
+from registry.progress import NoProgress, Progress
+from registry.store.local import LocalStore
+from registry.store.parallel import parallel
+from registry.store.protocol import Version
+from registry.store.s3 import S3Store
+
+T = TypeVar("T")
+MULTIPART_THRESHOLD = 64 << 20
+PART_SIZE = 32 << 20
+
+
+@dataclass(frozen=True)
+class PushOutcome:
+    """What a push did."""
+
+    version: Version
+    reused: bool
+    uploaded_blobs: int
+    uploaded_bytes: int
+    present_blobs: int
+
+
+def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Progress | None = None,
+         workers: int = 8) -> PushOutcome:
+    """Copy a local version to the remote store; uploads only the blobs it lacks."""
+    progress = progress or NoProgress()
+    existing = remote.find_by_key(version.name, version.manifest.key)
+    if existing is not None:
+        return PushOutcome(existing, True, 0, 0, 0)
+    files = {f.sha256: f.size for a in version.manifest.artifacts for f in a.files}
+    lease = remote.take_lease(sorted(files))
+    try:
+        absent = parallel(workers, lambda d: not remote.exists(remote.blob_key(d)), list(files))
+        missing = [d for d, gone in zip(files, absent, strict=True) if gone]
+        progress.start(f"pushing {version.name}@{version.number}", sum(files[d] for d in missing))
+        lock = threading.Lock()
+
+        def advance(n: int) -> None:
+            with lock:
+                progress.advance(n)
+
+        parallel(max(1, workers // 4), lambda d: _upload_blob(local, remote, d, advance), missing)
+        progress.done()
+        published = remote.publish_manifest(version.manifest)
+    finally:
+        remote.delete(lease)
+    return PushOutcome(published, False, len(missing), sum(files[d] for d in missing), len(files) - len(missing))
+
+
+def _upload_blob(local: LocalStore, remote: S3Store, digest: str, advance: Callable[[int], None]) -> None:
+    path = layout.blob_path(local.root, digest)
+    size = path.stat().st_size
+    key = remote.blob_key(digest)
+    if size < MULTIPART_THRESHOLD:
+        # The blob's name is its digest: the server checks the body against it (BadDigest on a damaged file).
+        remote.put(key, path.read_bytes(), sha256=digest)
+        advance(size)
+        return
+    remote.upload_file(path, key, digest, advance, part_size=PART_SIZE, threshold=MULTIPART_THRESHOLD)
+
+
+@dataclass(frozen=True)
+class SyncOutcome:
+    """What a sync did."""
+
+    version: int
+    changed: bool
+    downloaded_blobs: int
+    downloaded_bytes: int
+    entry: HistoryEntry | None = None
+
+
+def sync(remote: S3Store, name: str, alias: str, local: LocalStore, *, progress: Progress | None = None,
+         workers: int = 8) -> SyncOutcome:
+    """Make the local store's `alias` point at a complete local copy of the remote alias's version."""
+    progress = progress or NoProgress()
+    rec, _ = remote.alias_record(name, alias)
+    if rec is None:
+        raise NotFound(f"{name} has no alias {alias} in {remote.location}",
+                       hint=f"promote a version there first: `mreg promote {name}@N --store {remote.location}`")
+    obj = remote.get(remote.manifest_key(name, rec.version))
+    if obj is None or hashlib.sha256(obj.data).hexdigest() != rec.manifest_sha256:
+        raise IntegrityError(f"{remote.location}: {name}@{rec.version} does not match its alias record",
+                             hint=f"run `mreg verify {name}@{rec.version} --store {remote.location}`")
+    manifest = Manifest.model_validate_json(obj.data)
+    downloaded = (0, 0)
+    have = _local_version(local, name, rec.version)
+    if have is None:
+        downloaded = _materialize(remote, local, manifest, obj.data, progress, workers)
+    elif have != rec.manifest_sha256:
+        raise Conflict(f"the local store already has a different {name}@{rec.version}",
+                       hint="sync into a store used only for syncing from this remote")
+    _, entry = local_flip(local, name, alias, rec.version)
+    return SyncOutcome(rec.version, entry is not None, downloaded[0], downloaded[1], entry)
+
+
+def _local_version(local: LocalStore, name: str, number: int) -> str | None:
+    try:
+        return local.version(name, number).manifest_sha256
+    except NotFound:
+        return None
+
+
+def _materialize(remote: S3Store, local: LocalStore, manifest: Manifest, raw: bytes, progress: Progress,
+                 workers: int) -> tuple[int, int]:
+    """Download what the local store lacks into a staging tree, verify, publish under the remote number."""
+    with local.writers():
+        staging = local.stage(manifest.name)
+        try:
+            wanted: dict[str, list[Path]] = {}
+            for art in manifest.artifacts:
+                for f in art.files:
+                    wanted.setdefault(f.sha256, []).append(staging.path / art.path / f.path)
+            sizes = {f.sha256: f.size for a in manifest.artifacts for f in a.files}
+            missing = [d for d in wanted if not layout.blob_path(local.root, d).exists()]
+            progress.start(f"syncing {manifest.name}@{manifest.version}", sum(sizes[d] for d in missing))
+            lock = threading.Lock()
+
+            def fetch(d: str) -> None:
+                first = wanted[d][0]
+                first.parent.mkdir(parents=True, exist_ok=True)
+                _download_verified(remote, d, first, progress, lock)
+
+            parallel(workers, fetch, missing)
+            progress.done()
+            for d, paths in wanted.items():
+                blob = layout.blob_path(local.root, d)
+                for p in paths:
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                    if p.exists():
+                        local.link_blob(p, d, verify=False)
+                    else:
+                        os.link(blob, p)
+            local.publish_exact(staging, raw, manifest.version)
+        except BaseException:
+            staging.discard()
+            raise
+    return len(missing), sum(sizes[d] for d in missing)
+
+
+def _download_verified(remote: S3Store, digest: str, dest: Path, progress: Progress, lock: threading.Lock) -> None:
+    opened = remote.open(remote.blob_key(digest), f"downloading blob {digest[:12]}… from {remote.location}",
+                         missing_ok=False)
+    assert opened is not None
+
+    def advance(n: int) -> None:
+        with lock:
+            progress.advance(n)
+
+    actual = write_hashed(dest, opened[0], advance)  # a dropped connection: one-line error, staging discarded
+    if actual != digest:
+        raise IntegrityError(
+            f"{remote.location}: blob {digest[:12]}… is corrupt (its content hashes to {actual[:12]}…); "
+            "nothing was published locally",
+            hint=f"re-push the version from a good copy, or run `mreg verify --store {remote.location}`",
+        )
+
+
+def local_flip(local: LocalStore, name: str, alias: str, number: int) -> tuple[int | None, HistoryEntry | None]:
+    """Point a local alias at a version, recording a `sync` entry."""
+
+    def decide(current: int | None, _h: object) -> HistoryEntry | None:
+        if current == number:
+            return None
+        return HistoryEntry.model_validate({"alias": alias, "action": "sync", "from": current, "to": number,
+                                            "reason": "followed the remote alias", "by": provenance.now()})
+
+    return local.transact_alias(name, alias, decide)
+
+
+def watch(remote: S3Store, name: str, alias: str, local: LocalStore, every: float,
+          on_change: Callable[[SyncOutcome], None], stop: threading.Event,
+          on_error: Callable[[Exception], None]) -> None:
+    """Follow a remote alias until `stop` is set; each change is synced and reported."""
+    while not stop.is_set():
+        try:
+            out = sync(remote, name, alias, local)
+            if out.changed:
+                on_change(out)
+        except (IntegrityError, NotFound, Conflict, StoreUnreachable) as e:  # reported; the next round retries
+            on_error(e)
+        stop.wait(every)

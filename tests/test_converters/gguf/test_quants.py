@@ -1,0 +1,174 @@
+"""mreg's numpy encoders against llama.cpp's own: block by block, then whole models through llama_model_quantize."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from converters.gguf.converter import write
+from converters.gguf.file import GGML_TYPES
+from converters.gguf.mix import FILE_TYPES
+from converters.gguf.model import SafetensorsReader
+from converters.gguf.plan import plan
+from converters.gguf.quants import BLOCK, quantize
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is in the test extra")
+gguf = pytest.importorskip("gguf")
+
+BLOCK_TYPES = [t for t in BLOCK if t != "F32"]
+
+
+def _ggml() -> Any:
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    fn = lib.ggml_quantize_chunk
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_void_p]
+    return fn
+
+
+def ggml_quantize(x: np.ndarray[Any, Any], qtype: str) -> np.ndarray[Any, Any]:
+    """llama.cpp's ggml_quantize_chunk (no importance matrix) on float32 rows."""
+    block, size = BLOCK[qtype]
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.zeros((x.shape[0], x.shape[1] // block * size), dtype=np.uint8)
+    written = _ggml()(GGML_TYPES[qtype], x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None)
+    assert written == out.size
+    return out
+
+
+def _datasets() -> dict[str, np.ndarray[Any, Any]]:
+    rng = np.random.default_rng(7)
+    normal = (rng.standard_normal((96, 1024)) * 0.02).astype(np.float32)
+    return {
+        "normal": normal,
+        "bf16-exact": (normal.view(np.uint32) & 0xFFFF0000).view(np.float32),
+        "heavy-tails": rng.standard_t(2, (48, 1024)).astype(np.float32),
+        "sparse": np.where(rng.random((32, 512)) < 0.4, 0, rng.standard_normal((32, 512))).astype(np.float32),
+        "positive": np.abs(rng.standard_normal((16, 512))).astype(np.float32),
+        "small-ints": rng.integers(-3, 4, (16, 512)).astype(np.float32),
+        "constant": np.full((4, 512), 0.25, np.float32),
+        "zeros": np.zeros((4, 512), np.float32),
+        "tiny": (rng.standard_normal((8, 512)) * 1e-20).astype(np.float32),
+    }
+
+
+@pytest.fixture(autouse=True)
+def numpy_encoders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mreg's own numpy encoders, not the llama.cpp fast path they are compared with."""
+    from converters.gguf import quants as gguf_quants
+
+    monkeypatch.setenv("MREG_GGUF_QUANTIZER", "numpy")
+    gguf_quants._ggml_quantize_chunk.cache_clear()
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_block_encoder_is_byte_identical_to_ggml(qtype: str) -> None:
+    for name, x in _datasets().items():
+        ours, theirs = quantize(x, qtype, use="numpy"), ggml_quantize(x, qtype)
+        bad = np.nonzero((ours != theirs).any(axis=1))[0]
+        assert bad.size == 0, f"{qtype} on {name}: rows {bad[:5]} differ"
+
+
+def test_fast_path_is_llama_cpp_and_gives_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from converters.gguf import quants as gguf_quants
+
+    monkeypatch.setenv("MREG_GGUF_QUANTIZER", "auto")
+    gguf_quants._ggml_quantize_chunk.cache_clear()
+    x = _datasets()["normal"]
+    for qtype in BLOCK_TYPES:
+        expected = "numpy" if qtype == "F32" else "ggml"
+        assert gguf_quants.backend(qtype) == expected
+        assert np.array_equal(quantize(x, qtype), quantize(x, qtype, use="numpy"))
+    gguf_quants._ggml_quantize_chunk.cache_clear()
+
+
+def _gguf_tensors(path: Path) -> dict[str, tuple[str, bytes]]:
+    reader = gguf.GGUFReader(path)
+    return {t.name: (t.tensor_type.name, bytes(t.data.tobytes())) for t in reader.tensors}
+
+
+def _mreg_file(src: Path, file_type: str, dest: Path) -> Path:
+    shards = sorted(src.glob("*.safetensors"))
+    p = plan(src, shards, file_type, "tiny")
+    reader = SafetensorsReader()
+    try:
+        write([p], [dest], reader, workers=2)
+    finally:
+        reader.close()
+    return dest
+
+
+def _llama_quantize(src: Path, dest: Path, file_type: str) -> Path:
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FILE_TYPES[file_type][1]
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dest).encode(), ctypes.byref(params))
+    assert rc == 0, f"llama_model_quantize failed for {file_type}"
+    return dest
+
+
+@pytest.fixture(scope="module")
+def reference_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """Two bf16 llamas (one whose rows fit 256-blocks, one that falls back) and mreg's F32 GGUF of each."""
+    from support.tiny_models import build_tiny_llama
+
+    root = tmp_path_factory.mktemp("gguf-ref")
+    out = {}
+    for label, kw in {
+        "fits": {"hidden_size": 256, "intermediate_size": 256, "num_heads": 4, "num_kv_heads": 1, "num_layers": 8},
+        "falls-back": {"hidden_size": 160, "intermediate_size": 96, "num_heads": 5, "num_kv_heads": 5,
+                       "num_layers": 3, "tie_word_embeddings": True},
+    }.items():
+        src = build_tiny_llama(root / label, dtype="bfloat16", vocab_size=384, **kw)
+        out[label] = (src, _mreg_file(src, "F32", root / f"{label}-F32.gguf"))
+    return out
+
+
+QUANT_FILE_TYPES = [t for t in FILE_TYPES if t not in ("F32", "F16", "BF16")]
+
+
+@pytest.mark.parametrize("file_type", QUANT_FILE_TYPES)
+@pytest.mark.parametrize("model", ["fits", "falls-back"])
+def test_model_is_byte_identical_to_llama_quantize(file_type: str, model: str, tmp_path: Path,
+                                                   reference_models: dict[str, tuple[Path, Path]]) -> None:
+    src, f32 = reference_models[model]
+    ours = _gguf_tensors(_mreg_file(src, file_type, tmp_path / "mreg.gguf"))
+    theirs = _gguf_tensors(_llama_quantize(f32, tmp_path / "llama.gguf", file_type))
+    assert set(ours) == set(theirs)
+    types = {n: t for n, (t, _) in ours.items()}
+    assert types == {n: t for n, (t, _) in theirs.items()}, "per-tensor type choices differ from llama.cpp's"
+    differ = [n for n in ours if ours[n][1] != theirs[n][1]]
+    assert not differ, f"tensor bytes differ from llama.cpp's: {differ[:5]}"
+
+
+@pytest.mark.parametrize("file_type", ["Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_M"])
+def test_mix_choices_match_llama_quantize_on_a_deep_model(file_type: str, tmp_path: Path,
+                                                          tiny_model: Callable[..., Path]) -> None:
+    """32 layers, so every layer rule (first/last eighth, every third, first sixteenth) is exercised."""
+    from converters.gguf.mix import MixParams, choose_types
+
+    src = tiny_model("llama", hidden_size=256, intermediate_size=256, num_heads=4, num_kv_heads=4, num_layers=32)
+    f32 = _mreg_file(src, "F32", tmp_path / "f32.gguf")
+    theirs = {n: t for n, (t, _) in _gguf_tensors(_llama_quantize(f32, tmp_path / "q.gguf", file_type)).items()}
+    p = plan(src, sorted(src.glob("*.safetensors")), "F32", "tiny")
+    ours = choose_types(file_type, [(t.name, t.shape) for t in p.model.tensors], MixParams(32, 4, 4))
+    assert {c.name: c.qtype for c in ours} == theirs
+
+
+@pytest.mark.parametrize("qtype", ["F16", "BF16"])
+def test_float_encoders_agree_on_extremes(qtype: str) -> None:
+    """Overflow, subnormals, infinities and rounding ties: ggml's conversion instructions and numpy's agree."""
+    rng = np.random.default_rng(3)
+    x = np.concatenate([
+        rng.standard_normal(256) * 1e5, rng.standard_normal(256) * 1e-6, rng.standard_normal(256) * 1e-40,
+        np.array([np.inf, -np.inf, 65504.0, 65520.0, -65520.0, 2.0 ** -24, 2.0 ** -25, 0.0, -0.0] * 8),
+        (np.arange(184) + 0.5) * 2.0 ** -10,  # halfway cases round to even
+    ]).astype(np.float32).reshape(-1, 256)
+    assert np.array_equal(quantize(x, qtype, use="numpy"), ggml_quantize(x, qtype))
+    assert np.array_equal(quantize(x, qtype, use="ggml"), ggml_quantize(x, qtype)), "ggml-cpu's vectorized converter"

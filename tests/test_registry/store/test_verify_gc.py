@@ -1,0 +1,101 @@
+"""`mreg verify` finds every kind of damage; `mreg gc` plans, then removes only the unreachable."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from registry import atomic, layout
+from registry.store.local import LocalStore
+
+
+def _tamper(path: Path, data: bytes = b"X") -> None:
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.write(data)
+
+
+def test_verify_clean_and_corrupt(mreg: Any, model_dir: Path, store_root: Path) -> None:
+    mreg("convert", model_dir, "--to", "hf", "--name", "m")
+    r = mreg("verify", "m@1", "--json")
+    assert r.exit_code == 0 and r.json["ok"] is True and r.json["versions"][0]["files"] == 2
+    _tamper(store_root / "models/m/versions/1/hf/model.safetensors")
+    r = mreg("verify", "m@1", "--json")
+    assert r.exit_code == 4
+    problems = r.json["versions"][0]["problems"]
+    assert any(p.startswith("hf/model.safetensors: sha256") for p in problems)
+    assert r.json["ok"] is False
+    r = mreg("verify", "--all")
+    assert r.exit_code == 4 and "failed verification: m@1" in r.stderr
+
+
+def test_verify_missing_and_extra_files(mreg: Any, model_dir: Path, store_root: Path) -> None:
+    mreg("convert", model_dir, "--to", "hf", "--name", "m")
+    vdir = store_root / "models/m/versions/1"
+    os.unlink(vdir / "hf/config.json")
+    (vdir / "hf/extra.bin").write_bytes(b"x")
+    problems = mreg("verify", "m@1", "--json").json["versions"][0]["problems"]
+    assert "hf/config.json: missing" in problems and "hf/extra.bin: not in the manifest" in problems
+
+
+def test_verify_needs_a_target(mreg: Any) -> None:
+    assert mreg("verify").exit_code == 2
+
+
+def test_gc_plans_then_removes_only_unreachable(mreg: Any, model_dir: Path, store_root: Path) -> None:
+    for i in range(5):
+        (model_dir / "config.json").write_text(f'{{"i": {i}}}')
+        mreg("convert", model_dir, "--to", "hf", "--name", "m")
+    mreg("promote", "m@1")
+    plan = mreg("gc", "--keep-latest", "1", "--keep-history", "1", "--json").json
+    assert plan["applied"] is False
+    assert [v["version"] for v in plan["versions"]] == [2, 3, 4]
+    assert plan["blobs"] == 3  # the three configs; the shared weights stay
+    assert LocalStore(store_root).versions("m") == [1, 2, 3, 4, 5], "a plan changes nothing"
+    done = mreg("gc", "--keep-latest", "1", "--keep-history", "1", "--yes", "--json").json
+    assert done["applied"] is True and len(done["versions"]) == 3
+    store = LocalStore(store_root)
+    assert store.versions("m") == [1, 5]
+    assert mreg("verify", "--all").exit_code == 0
+    assert (layout.version_dir(store_root, "m", 3) / layout.TOMBSTONE).exists()
+    (model_dir / "config.json").write_text('{"i": 99}')
+    assert mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json").json["version"] == 6, \
+        "numbers of removed versions are never reused"
+    r = mreg("show", "m@3")
+    assert r.exit_code == 3
+
+
+def test_gc_keeps_recent_history_targets(mreg: Any, model_dir: Path) -> None:
+    for i in range(4):
+        (model_dir / "config.json").write_text(f'{{"i": {i}}}')
+        mreg("convert", model_dir, "--to", "hf", "--name", "m")
+    mreg("promote", "m@1")
+    mreg("promote", "m@2")
+    plan = mreg("gc", "--keep-latest", "0", "--json").json
+    kept = {k["version"]: k["why"] for k in plan["kept"]}
+    assert kept[2] == "alias production" and "history" in kept[1]
+    assert [v["version"] for v in plan["versions"]] == [3, 4]
+
+
+def test_gc_removes_interrupted_staging_but_not_live_ones(mreg: Any, model_dir: Path, store_root: Path) -> None:
+    mreg("convert", model_dir, "--to", "hf", "--name", "m")
+    store = LocalStore(store_root)
+    dead = store.tmp / "stage-host-1-dead"
+    (dead / "hf").mkdir(parents=True)
+    (dead / "hf" / "partial").write_bytes(b"half")
+    live = store.stage("m")
+    try:
+        plan = mreg("gc", "--json").json
+        assert plan["staging"] == [str(dead)]
+        assert mreg("gc", "--yes").exit_code == 0
+        assert not dead.exists() and live.path.exists()
+    finally:
+        live.discard()
+
+
+def test_gc_refuses_while_a_publish_is_running(mreg: Any, model_dir: Path, store_root: Path) -> None:
+    mreg("convert", model_dir, "--to", "hf", "--name", "m")
+    with atomic.flock(store_root / layout.GC_LOCK, shared=True):
+        r = mreg("gc", "--yes")
+    assert r.exit_code == 5 and "publish is in progress" in r.stderr
