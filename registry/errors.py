@@ -82,6 +82,16 @@ class CheckFailed(MregError):
     exit_code = 11
 
 
+class RuntimeCrashed(MregError):
+    """A native runtime (llama.cpp, ONNX Runtime, TensorRT) died in its own process; mreg reports it and goes on."""
+
+    exit_code = 12
+
+    def __init__(self, message: str, *, hint: str | None = None, returncode: int | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.returncode = returncode
+
+
 class StoreUnreachable(HubUnavailable):
     """A remote store could not be reached or answered with an unexpected error."""
 
@@ -115,4 +125,5 @@ EXIT_CODES: dict[int, str] = {
     9: "hub or remote store unreachable (and, for pulls, nothing usable in the cache)",
     10: "promoted, but the engine failed its reload or readiness check: the alias was flipped back",
     11: "a golden-set check failed (`mreg check`)",
+    12: "a native runtime (llama.cpp) crashed in its own process; mreg recorded nothing",
 }

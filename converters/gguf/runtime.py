@@ -1,38 +1,75 @@
-"""The `gguf` runtime: llama.cpp through llama-cpp-python, greedy, fixed seed, CPU."""
+"""The `gguf` runtime: llama.cpp in a child process (`converters.gguf.worker`), greedy, fixed seed, CPU.
+
+The model lives in the child: a crash of llama.cpp's native code (its repacked kernels crash on
+some CPUs) ends that process, and mreg reports it as `RuntimeCrashed` (exit 12) with the signal.
+"""
 
 from __future__ import annotations
 
-import time
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
+from converters.gguf.llama import crashed
 from manifests import Artifact, Manifest
 from registry.convert.protocol import Embedding, Generation
 from registry.errors import UsageError
 
+#: The context mreg check asks for: the model's own, up to this.
+MAX_CONTEXT = 4096
+
 
 class GGUFSession:
-    """A GGUF file loaded by llama.cpp."""
+    """A GGUF file loaded by llama.cpp in a child process."""
 
     runtime = "llama.cpp"
     kind: Literal["decoder", "encoder"] = "decoder"
 
     def __init__(self, path: Path, manifest: Manifest) -> None:
-        try:
-            import llama_cpp
-        except ImportError as e:
-            raise UsageError("running gguf artifacts needs llama-cpp-python", hint="pip install 'mreg[gguf]'") from e
-        self.runtime_version = f"llama-cpp-python {llama_cpp.__version__}"
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise UsageError("running gguf artifacts needs llama-cpp-python", hint="pip install 'mreg[gguf]'")
         info = manifest.model
         trained = info.context_length if info and info.context_length else 2048
-        self.llm: Any = llama_cpp.Llama(model_path=str(path), n_ctx=min(trained, 4096), seed=0, n_threads=2,
-                                        verbose=False)
-        self.context_length = int(self.llm.n_ctx())
-        self.template: str | None = self.llm.metadata.get("tokenizer.chat_template")
+        root = Path(__file__).resolve().parents[2]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+        # The child's stderr, for the last line of a crash; unlinked at once, so nothing is left behind.
+        self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - open for the session's life, closed in close()
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", "converters.gguf.worker", str(path), str(min(trained, MAX_CONTEXT))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        hello = self._ask(None, f"loading {path.name}")
+        self.runtime_version = str(hello["runtime_version"])
+        self.context_length: int = int(hello["context_length"])
+        self.template: str | None = hello.get("template")
+        self._bos, self._eos = str(hello["bos"]), str(hello["eos"])
+
+    def _ask(self, request: dict[str, Any] | None, doing: str) -> dict[str, Any]:
+        """Send one request (None: read the greeting) and read its answer; a dead child is RuntimeCrashed."""
+        assert self._child.stdin is not None and self._child.stdout is not None
+        try:
+            if request is not None:
+                self._child.stdin.write(json.dumps(request) + "\n")
+                self._child.stdin.flush()
+            line = self._child.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if line:
+            answer: dict[str, Any] = json.loads(line)
+            return answer
+        code = self._child.wait()
+        self._log.seek(0)
+        lines = [ln for ln in self._log.read().splitlines() if ln.strip()]
+        self._log.close()
+        raise crashed(doing, code, lines[-1][:300] if lines else "")
 
     def count_tokens(self, text: str) -> int:
         """Tokens llama.cpp makes of a text, BOS included when the model adds it."""
-        return len(self.llm.tokenize(text.encode(), add_bos=True, special=True))
+        return int(self._ask({"op": "tokens", "text": text}, "tokenizing")["count"])
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Render with the chat template stored in the GGUF metadata."""
@@ -41,30 +78,33 @@ class GGUFSession:
         import jinja2
 
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-        bos = self.llm.detokenize([self.llm.token_bos()]).decode(errors="replace")
-        eos = self.llm.detokenize([self.llm.token_eos()]).decode(errors="replace")
         text: str = env.from_string(self.template).render(messages=messages, add_generation_prompt=True,
-                                                           bos_token=bos, eos_token=eos)
+                                                           bos_token=self._bos, eos_token=self._eos)
         return text
 
     def generate(self, prompt: str, max_new_tokens: int) -> Generation:
         """Greedy completion."""
-        self.llm.reset()
-        t0 = time.perf_counter()
-        out = self.llm.create_completion(prompt, max_tokens=max_new_tokens, temperature=0.0, top_k=1, seed=0,
-                                         repeat_penalty=1.0)
-        seconds = time.perf_counter() - t0
-        usage = out.get("usage", {})
-        return Generation(out["choices"][0]["text"], int(usage.get("prompt_tokens", 0)),
-                          int(usage.get("completion_tokens", 0)), seconds)
+        out = self._ask({"op": "generate", "prompt": prompt, "max_new_tokens": max_new_tokens}, "generating")
+        return Generation(str(out["text"]), int(out["prompt_tokens"]), int(out["output_tokens"]),
+                          float(out["seconds"]))
 
     def embed(self, text: str) -> Embedding:
         """Not offered for decoder GGUF files."""
         raise UsageError("embedding checks need an encoder model", hint="use prompt/messages cases for GGUF")
 
     def close(self) -> None:
-        """Free the model."""
-        self.llm.close()
+        """End the child (it frees the model)."""
+        if self._child.poll() is None:
+            try:
+                assert self._child.stdin is not None
+                self._child.stdin.write(json.dumps({"op": "close"}) + "\n")
+                self._child.stdin.close()
+                self._child.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self._child.kill()
+                self._child.wait()
+        if not self._log.closed:
+            self._log.close()
 
 
 def open_session(artifact_dir: Path, artifact: Artifact, manifest: Manifest) -> GGUFSession:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from converters.gguf.llama import SETTINGS, describe_exit, load
 from converters.gguf.plan import EncodedTensor, GGUFPlan
 from manifests import SourceInfo, Verification
 
@@ -160,7 +161,7 @@ def start_runtime(path: Path, file_type: str, directory: Path, cache: Path | Non
         return "llama.cpp runtime not installed (pip install 'mreg[gguf]'): not loaded"
     cmd = [sys.executable, "-m", "converters.gguf.verify", str(path), str(directory), file_type,
            str(cache) if cache is not None else ""]
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     # The reference forward pass runs its own thread pool: OpenBLAS threads on top of it are many times slower.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
            "OPENBLAS_NUM_THREADS": "1"}
@@ -176,7 +177,7 @@ def finish_runtime(child: subprocess.Popen[str] | str) -> tuple[list[str], dict[
     stdout, stderr = child.communicate()
     if child.returncode != 0:
         tail = (stderr.strip().splitlines() or ["no output"])[-1]
-        return [f"llama.cpp could not load or run the file (exit {child.returncode}): {tail}"], {}, []
+        return [f"llama.cpp could not load or run the file ({describe_exit(child.returncode)}): {tail}"], {}, []
     doc = json.loads(stdout.strip().splitlines()[-1])
     return doc["problems"], doc["metrics"], doc["notes"]
 
@@ -188,29 +189,15 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str) -> dict
     files of one source compute it once: the first saves ids and logits there, the others read them.
     Kept in one piece (70 lines): it is the whole life of a child process, its steps sharing one loaded model.
     """
-    import importlib
     import time
 
     from converters.gguf.reference import ReferenceUnsupported, reference_logits, softmax
-
-    llama_cpp: Any = importlib.import_module("llama_cpp")
-    defaults = llama_cpp.llama_cpp.llama_model_default_params
-
-    def without_repacking() -> Any:
-        # llama.cpp copies Q4_0/Q4_K/IQ4 weights into a CPU-friendly layout in anonymous memory (500 MB
-        # for a 1.1 B Q4_K_M); reading them from the mapped file computes the same logits with flat memory.
-        params = defaults()
-        params.use_extra_bufts = False
-        return params
-
-    llama_cpp.llama_cpp.llama_model_default_params = without_repacking
 
     problems: list[str] = []
     metrics: dict[str, float] = {}
     notes: list[str] = []
     hf = _hf_tokenize(directory)
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_batch=256, logits_all=True, verbose=False,
-                          n_threads=max(1, os.cpu_count() or 1), seed=0)
+    llm = load(path, n_ctx=256, n_batch=256, logits_all=True, n_threads=max(1, os.cpu_count() or 1), seed=0)
     metrics["llama_cpp_loaded"] = 1.0
     if hf is None:
         notes.append("no tokenizer library (tokenizers/sentencepiece): tokenization not compared")
@@ -283,7 +270,8 @@ def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directo
         tolerance["kl_divergence"] = LOGITS_KL[plan.file_type]
     tolerance["tokenization_mismatches"] = 0.0
     method = ("gguf reader: tensors, shapes, types, data digests and metadata; encoding error per tensor; "
-              "llama.cpp (weights read from the mapped file, not repacked): load, tokenization against the HF "
+              f"llama.cpp ({', '.join(f'{k}={v}' for k, v in SETTINGS.items())}: weights read from the mapped file, "
+              "not repacked): load, tokenization against the HF "
               "tokenizer, logits against mreg's streaming float32 forward pass of the safetensors source "
               "(tested equal to transformers)")
     detail = "; ".join(problems[:20] + notes) or None

@@ -179,3 +179,83 @@ def test_check_runs_gguf_and_onnx_artifacts(mreg: Any, tmp_path: Path, fmt: str)
         hf = mreg("check", "t@1", "--golden", golden, "--format", "hf", "--json")
         assert [c["output"] for c in hf.json["cases"]] == [c["output"] for c in rec.json["cases"]], \
             "ONNX Runtime generates what transformers generates"
+
+
+FAKE_CRASHING_LLAMA = '''
+"""A llama_cpp that dies by SIGSEGV, as llama.cpp's repacked kernels do on CPUs with AMX."""
+import os
+import signal
+
+__version__ = "0-crashing"
+
+
+class _Params:
+    pass
+
+
+class llama_cpp:
+    @staticmethod
+    def llama_model_default_params():
+        return _Params()
+
+
+def _die():
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class Llama:
+    metadata = {}
+
+    def __init__(self, model_path, **kwargs):
+        if os.environ.get("CRASH_AT") == "load":
+            _die()
+
+    def n_ctx(self):
+        return 256
+
+    def token_bos(self):
+        return 1
+
+    def token_eos(self):
+        return 2
+
+    def detokenize(self, tokens):
+        return b""
+
+    def tokenize(self, text, add_bos=True, special=True):
+        return [1, 2, 3]
+
+    def reset(self):
+        pass
+
+    def create_completion(self, *args, **kwargs):
+        _die()
+
+    def close(self):
+        pass
+'''
+
+
+@pytest.mark.parametrize("at", ["load", "generate"])
+def test_a_runtime_that_segfaults_is_one_error_line_not_mreg_s_death(mreg: Any, tmp_path: Path, store_root: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch, at: str) -> None:
+    """llama.cpp runs in a child process: its SIGSEGV is exit 12, the signal named, valid --json, no record."""
+    pytest.importorskip("llama_cpp")
+    from support.tiny_models import build_tiny_llama
+
+    src = build_tiny_llama(tmp_path / "llama", seed=5)
+    assert mreg("convert", src, "--to", "gguf:F16", "--name", "t").exit_code == 0
+    fake = tmp_path / "fake" / "llama_cpp"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_CRASHING_LLAMA)
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))  # the child imports this llama_cpp first
+    monkeypatch.setenv("CRASH_AT", at)
+    golden = write_golden(tmp_path / "g.jsonl", [{"id": "p", "prompt": "Hello", "max_new_tokens": 4}])
+    r = mreg("check", "t@1", "--golden", golden, "--format", "gguf", "--json")
+    assert r.exit_code == 12, r.stderr
+    error = r.json["error"]
+    assert error["type"] == "RuntimeCrashed" and error["exit_code"] == 12
+    assert "killed by SIGSEGV" in error["message"] and ("loading" if at == "load" else "generating") in error["message"]
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("error:")] == [f"error: {error['message']}"]
+    assert error["hint"]
+    assert not (store_root / "models" / "t" / "checks").exists(), "a crashed run records nothing"
