@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -12,7 +13,7 @@ import click
 from registry import __version__
 from registry.cli.options import JSON_KEY
 from registry.cli.render import Output
-from registry.errors import EXIT_CODES, MregError
+from registry.errors import EXIT_CODES, MregError, UsageError
 
 EPILOG = "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + "."
 
@@ -28,6 +29,14 @@ class ReportedFailure(Exception):
 class MregGroup(click.Group):
     """A click group whose invoke is mreg's error boundary."""
 
+    #: The command line being run (what `main` was given), for errors raised before `--json` was parsed.
+    argv: tuple[str, ...] = ()
+
+    def main(self, args: Sequence[str] | None = None, *a: Any, **kw: Any) -> Any:
+        """Remember the command line, then run as click does."""
+        MregGroup.argv = tuple(sys.argv[1:] if args is None else args)
+        return super().main(args, *a, **kw)
+
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; map MregError to one line, a hint and its exit code."""
         try:
@@ -38,11 +47,18 @@ class MregGroup(click.Group):
         except MregError as e:
             if os.environ.get("MREG_DEBUG"):
                 traceback.print_exc()
-            Output(bool(ctx.meta.get(JSON_KEY)) or "--json" in sys.argv).error(e)
+            Output(self._json(ctx)).error(e)
             ctx.exit(e.exit_code)
+        except click.UsageError as e:  # click prints its usage text on stderr; --json also gets its document
+            if self._json(ctx):
+                Output(True).document(UsageError(e.format_message(), hint="see `mreg COMMAND --help`"))
+            raise
         except KeyboardInterrupt:
             sys.stderr.write("interrupted; nothing partial was published\n")
             ctx.exit(130)
+
+    def _json(self, ctx: click.Context) -> bool:
+        return bool(ctx.meta.get(JSON_KEY)) or "--json" in MregGroup.argv
 
 
 @click.group(cls=MregGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})

@@ -44,12 +44,15 @@ class Output:
         if err.hint:
             sys.stderr.write(f"hint: {err.hint}\n")
         if self.json:
-            error: dict[str, Any] = {"type": type(err).__name__, "message": str(err), "hint": err.hint,
-                                     "exit_code": err.exit_code}
-            if err.details is not None:
-                error["details"] = err.details
-            doc = {"schema_version": SCHEMA_VERSION, "error": error}
-            sys.stdout.write(json.dumps(doc, default=_encode) + "\n")
+            self.document(err)
+
+    def document(self, err: MregError) -> None:
+        """The error as the one JSON document on stdout."""
+        error: dict[str, Any] = {"type": type(err).__name__, "message": str(err), "hint": err.hint,
+                                 "exit_code": err.exit_code}
+        if err.details is not None:
+            error["details"] = err.details
+        sys.stdout.write(json.dumps({"schema_version": SCHEMA_VERSION, "error": error}, default=_encode) + "\n")
 
 
 class BarProgress:
