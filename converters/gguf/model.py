@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from converters.gguf.quants.blocks import Floats
-from registry.errors import UsageError
+from registry.errors import IntegrityError, UsageError
 
 #: Hugging Face `architectures[0]` -> GGUF architecture.
 ARCHITECTURES = {
@@ -36,6 +36,10 @@ _SKIP = ("rotary_emb.inv_freq",)
 
 class UnsupportedModel(UsageError):
     """The snapshot holds a model this converter cannot write as GGUF."""
+
+
+class InconsistentModel(IntegrityError):
+    """config.json and the safetensors headers describe different models (or no model at all)."""
 
 
 @dataclass(frozen=True)
@@ -160,16 +164,9 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
     if arch is None:
         raise UnsupportedModel(f"architecture {hf_arch} is not supported by --to gguf",
                                hint=f"supported: {', '.join(sorted(ARCHITECTURES))}")
-    try:
-        n_layer = int(config["num_hidden_layers"])
-        n_embd = int(config["hidden_size"])
-        n_head = int(config["num_attention_heads"])
-        n_head_kv = int(config.get("num_key_value_heads") or n_head)
-        n_ff = int(config["intermediate_size"])
-        vocab_size = int(config["vocab_size"])
-    except KeyError as e:
-        raise UnsupportedModel(f"config.json lacks {e.args[0]}", hint="the snapshot's config.json is incomplete") from e
-    head_dim = int(config.get("head_dim") or n_embd // n_head)
+    n_layer, n_embd, n_head, n_head_kv, n_ff, vocab_size, head_dim = _sizes(config)
+    check_shapes(weights, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+                 vocab_size=vocab_size, head_dim=head_dim)
     meta: list[tuple[str, Any]] = [
         ("general.architecture", arch), ("general.type", "model"), ("general.name", name),
         (f"{arch}.block_count", n_layer),
@@ -214,6 +211,62 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
     if "token_embd.weight" not in names:
         raise UnsupportedModel("the checkpoint has no token embedding (model.embed_tokens.weight)")
     return ModelPlan(arch, hf_arch, meta, tensors, n_layer, n_head, n_head_kv, vocab_size, config)
+
+
+#: Largest size mreg plans for (2^31): what the config says is checked against the weights, but a number
+#: past this is no model at all, and would make even the plan (a name per layer) exhaust memory.
+MAX_SIZE = 1 << 31
+
+
+def _size(config: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A positive integer field of config.json, or a one-line refusal naming it."""
+    value = config.get(key, default)
+    if value is None:
+        raise UnsupportedModel(f"config.json lacks {key}", hint="the snapshot's config.json is incomplete")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SIZE:
+        raise InconsistentModel(f"config.json {key} = {value!r} is not a size (a whole number from 1 to 2^31)",
+                                hint="fix config.json: it must describe the weights it ships with")
+    return value
+
+
+def _sizes(config: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:
+    """Layers, width, heads, KV heads, feed-forward width, vocabulary, head size, each checked."""
+    n_head = _size(config, "num_attention_heads")
+    n_embd = _size(config, "hidden_size")
+    n_head_kv = _size(config, "num_key_value_heads", n_head) if config.get("num_key_value_heads") else n_head
+    head_dim = _size(config, "head_dim") if config.get("head_dim") else n_embd // n_head
+    if head_dim == 0 or n_head % n_head_kv:
+        raise InconsistentModel(f"config.json: {n_head} attention heads of width {n_embd} over {n_head_kv} KV heads "
+                                "is not a valid attention shape", hint="fix config.json")
+    return (_size(config, "num_hidden_layers"), n_embd, n_head, n_head_kv, _size(config, "intermediate_size"),
+            _size(config, "vocab_size"), head_dim)
+
+
+def check_shapes(weights: dict[str, SourceTensor], **sizes: int) -> None:
+    """The config's sizes against the safetensors headers, before anything is planned or allocated.
+
+    transformers refuses to load a checkpoint whose tensors disagree with its config; so does this.
+    """
+    layers = {int(p[i + 1]) for n in weights for p in [n.split(".")] for i in range(len(p) - 1)
+              if p[i] == "layers" and p[i + 1].isdigit()}
+    problems = []
+    if layers and (len(layers) != sizes["n_layer"] or min(layers) != 0 or max(layers) != sizes["n_layer"] - 1):
+        problems.append(f"num_hidden_layers is {sizes['n_layer']} but the weights hold layers "
+                        f"{min(layers)}..{max(layers)} ({len(layers)} of them)")
+    q_rows, kv_rows = sizes["n_head"] * sizes["head_dim"], sizes["n_head_kv"] * sizes["head_dim"]
+    expected = {"embed_tokens.weight": (sizes["vocab_size"], sizes["n_embd"]),
+                "self_attn.q_proj.weight": (q_rows, sizes["n_embd"]),
+                "self_attn.k_proj.weight": (kv_rows, sizes["n_embd"]),
+                "self_attn.v_proj.weight": (kv_rows, sizes["n_embd"]),
+                "mlp.gate_proj.weight": (sizes["n_ff"], sizes["n_embd"])}
+    for name, tensor in weights.items():
+        want = next((s for suffix, s in expected.items() if name.endswith(suffix)), None)
+        if want is not None and tuple(tensor.shape) != want:
+            problems.append(f"{name} has shape {list(tensor.shape)}, config.json says {list(want)}")
+    if problems:
+        raise InconsistentModel(f"config.json disagrees with the weights: {'; '.join(problems[:3])}",
+                                hint="the checkpoint is damaged or its config belongs to another model; nothing "
+                                     "was written")
 
 
 def _hf_order(name: str) -> tuple[int, str]:

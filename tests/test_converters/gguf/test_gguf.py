@@ -262,3 +262,43 @@ def test_a_short_read_is_refused_not_zero_filled(tmp_path: Path) -> None:
             pread_exact(fd, np.empty(4, np.uint16), 4)
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("vocab_size", 10**12, "is not a size"),
+    ("num_hidden_layers", 10**9, "num_hidden_layers is 1000000000 but the weights hold layers 0..1"),
+    ("hidden_size", 10**9, "config.json says"),
+    ("intermediate_size", -5, "is not a size"),
+    ("hidden_size", "abc", "is not a size"),
+    ("num_attention_heads", True, "is not a size"),
+])
+def test_absurd_or_inconsistent_sizes_are_refused_before_any_allocation(
+        mreg: Any, tiny_model: Callable[..., Path], store_root: Path, key: str, value: Any, says: str) -> None:
+    """config.json is checked against the safetensors headers first: one line, exit 4, nothing written."""
+    src = tiny_model("llama")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, key: value}))
+    r = mreg("convert", src, "--to", "gguf:F16", "--name", "m", "--json")
+    assert r.exit_code == 4, r.stderr
+    assert r.json["error"]["type"] == "InconsistentModel" and says in r.json["error"]["message"]
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("error:")] and "hint:" in r.stderr
+    assert _nothing_published(store_root)
+
+
+def test_a_billion_layers_stays_under_a_memory_limit(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    """Before the check the plan alone (a tensor name per layer) ran out of memory or crashed the process."""
+    import resource
+
+    src = tiny_model("llama")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10**9}))
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    env = {**os.environ, "MREG_CACHE_DIR": str(tmp_path / "c"), "MREG_STORE": str(tmp_path / "s")}
+    r = subprocess.run([str(Path(sys.executable).parent / "mreg"), "convert", str(src), "--to", "gguf:F16",
+                        "--name", "m", "--json"], env=env, capture_output=True, text=True, timeout=120,
+                       preexec_fn=limit)
+    assert r.returncode == 4, r.stderr[-2000:]
+    assert json.loads(r.stdout)["error"]["type"] == "InconsistentModel"
