@@ -61,7 +61,10 @@ def open_local_store(location: str | Path) -> LocalStore:
     if str(location).startswith("s3://"):
         raise UsageError(f"this command works on a local store, not {location}",
                          hint="give a directory with --store; use `mreg push` / `mreg sync` to move versions")
-    return LocalStore(Path(location))
+    root = Path(location).expanduser()
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"the store {root} is a file, not a directory", hint="give a directory with --store")
+    return LocalStore(root)
 
 
 def open_s3_store(url: str, *, endpoint_url: str | None = None) -> S3Store:

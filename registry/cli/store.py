@@ -10,7 +10,7 @@ from registry import api
 from registry.cli.group import ReportedFailure
 from registry.cli.options import any_store, config_option, json_option, progress_for, settings_for, store_option
 from registry.cli.render import Output, table
-from registry.errors import IntegrityError, ModelNotFound
+from registry.errors import IntegrityError, ModelNotFound, NotFound
 from registry.refs import check_name, parse_ref
 from registry.units import human_size
 
@@ -23,6 +23,10 @@ from registry.units import human_size
 def list_cmd(name: str | None, config_path: str | None, store: str | None, as_json: bool) -> None:
     """List the models in the store, or the versions of one model."""
     st = any_store(settings_for(config_path, store=store))
+    if not st.is_store():
+        raise NotFound(f"there is no store at {st.location}",
+                       hint="check --store / MREG_STORE (`mreg config` shows which is used); "
+                            "`mreg convert` creates a store")
     out = Output(as_json)
     if name is None:
         models: list[dict[str, Any]] = [{"name": m, "versions": len(st.versions(m)), "aliases": st.aliases(m)}
@@ -93,6 +97,8 @@ def history_cmd(name: str, alias: str | None, config_path: str | None, store: st
     """Show every alias change of a model: who, when, from, to, why."""
     check_name(name)
     st = any_store(settings_for(config_path, store=store))
+    if not st.has_model(name):
+        raise ModelNotFound(name)  # as `show` says: a model that is not there has no history either
     entries = [e for e in st.history(name) if alias is None or e.alias == alias]
     docs = [e.model_dump(mode="json", by_alias=True) for e in entries]
     Output(as_json).result({"name": name, "entries": docs}, lambda: table(

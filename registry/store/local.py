@@ -39,6 +39,10 @@ class LocalStore:
 
     # -- reading -------------------------------------------------------------------------
 
+    def is_store(self) -> bool:
+        """Whether the root is a directory."""
+        return self.root.is_dir()
+
     def models(self) -> list[str]:
         """Names of the models in the store."""
         d = self.root / layout.MODELS

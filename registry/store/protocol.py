@@ -63,6 +63,9 @@ class Store(Protocol):
     def transact_alias(self, name: str, alias: str, decide: AliasDecision) -> tuple[int | None, HistoryEntry | None]:
         """Read an alias, let `decide` choose the change (or None), apply it atomically; returns (before, entry)."""
 
+    def is_store(self) -> bool:
+        """Whether there is a store at this location (a local directory that exists; S3: always, errors say)."""
+
     def find_by_key(self, name: str, key: str) -> Version | None:
         """The version made by the conversion with this key, if one was published."""
 

@@ -342,6 +342,10 @@ class S3Store:
                 return v
         return None
 
+    def is_store(self) -> bool:
+        """A bucket prefix always exists; a missing bucket is reported by the first request."""
+        return True
+
     def alias_mount(self, name: str, alias: str) -> str | None:
         """None: an S3 alias is followed by `mreg sync`, not mounted."""
         return None
