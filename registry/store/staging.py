@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from manifests import Artifact, FileEntry
 from registry import atomic, layout
 from registry.digest import sha256_file
-from registry.errors import UsageError
+from registry.errors import IntegrityError, UsageError
 from registry.progress import Progress
 
 if TYPE_CHECKING:
@@ -71,8 +71,7 @@ class Staging:
             dest = self.path / fmt / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             st = src.stat()
-            # The pull verified this file; trust its digest while it looks untouched since then.
-            if not copy and st.st_mtime <= trusted_before + 1:
+            if not copy and _unchanged_since(st, trusted_before, src, sha256, progress, rel):
                 try:
                     os.link(src, dest)
                     return sha256
@@ -107,3 +106,24 @@ class Staging:
             entries.append(FileEntry(path=rel, size=p.stat().st_size, sha256=digest))
         progress.done()
         return tuple(entries)
+
+
+def _unchanged_since(st: os.stat_result, trusted_before: float, src: Path, sha256: str, progress: Progress,
+                     rel: str) -> bool:
+    """Whether a cached file still holds what the pull verified (else IntegrityError): trusted while neither its
+    mtime nor its ctime moved since then, hashed again otherwise.
+
+    ctime cannot be set back by a user (an in-place edit that restores the mtime still moves it), but a
+    hard link to the file moves it too: a file linked into an earlier version is hashed once more, not copied.
+    """
+    if max(st.st_mtime, st.st_ctime) <= trusted_before + 1:
+        return True
+    progress.start(f"re-hashing {rel}", st.st_size)
+    digest = sha256_file(src, progress.advance)
+    progress.done()
+    if digest != sha256:
+        raise IntegrityError(
+            f"cached file {src} changed since it was pulled: sha256 is {digest[:12]}…, "
+            f"the pull recorded {sha256[:12]}…",
+            hint="remove the damaged snapshot from the cache and run `mreg pull` again; nothing was published")
+    return True

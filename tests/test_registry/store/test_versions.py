@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +207,31 @@ def test_two_targets_of_one_format_and_carrying_them(mreg: Any, tmp_path: Path, 
         assert (v2 / "gguf" / name).stat().st_ino == (one / "gguf" / name).stat().st_ino, "carried, not copied"
     assert mreg("show", "tl@2", "--json").json["manifest"]["parent"] == 1
     assert mreg("verify", "tl@2").exit_code == 0
+
+
+def test_a_cached_file_edited_in_place_with_its_mtime_kept_is_not_published(
+        mreg: Any, model_dir: Path, cache_root: Path, store_root: Path) -> None:
+    """The link from the cache is trusted while neither mtime nor ctime moved since the pull; else it is hashed."""
+    for p in model_dir.iterdir():  # an old directory: the convert finds its import unchanged and reads the cache
+        os.utime(p, (time.time() - 3600,) * 2)
+    assert mreg("pull", model_dir).exit_code == 0
+    (blob,) = [p for p in cache_root.rglob("*") if p.is_file() and not p.is_symlink() and p.stat().st_size == 1 << 16]
+    st = blob.stat()
+    time.sleep(1.2)  # past the second of slack that coarse filesystem clocks get
+    os.chmod(blob, 0o644)
+    with blob.open("r+b") as f:
+        f.write(b"tampered")
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))  # the mtime says nothing changed
+    r = mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json")
+    assert r.exit_code == 4 and "changed since it was pulled" in r.json["error"]["message"], r.stderr
+    assert not (store_root / "models" / "m" / "versions" / "1").exists()
+
+
+def test_a_file_linked_into_one_version_is_linked_into_the_next_after_a_hash(
+        mreg: Any, model_dir: Path, cache_root: Path, store_root: Path) -> None:
+    """Linking moves the cached file's ctime; the next conversion hashes it once and still links (no copy)."""
+    assert mreg("convert", model_dir, "--to", "hf", "--name", "a").exit_code == 0
+    assert mreg("convert", model_dir, "--to", "hf", "--name", "b").exit_code == 0
+    a = store_root / "models" / "a" / "versions" / "1" / "hf" / "model.safetensors"
+    b = store_root / "models" / "b" / "versions" / "1" / "hf" / "model.safetensors"
+    assert a.stat().st_ino == b.stat().st_ino, "one blob, linked twice"
