@@ -192,7 +192,8 @@ class GGUFConverter(ConverterBase):
     def convert_many(self, requests: Sequence[ConversionRequest]) -> list[ConversionResult]:
         """Several types of one source (same work directory) from one read of its tensors."""
         first = requests[0]
-        with tempfile.TemporaryDirectory(prefix="mreg-gguf-") as tmp:
+        # In the staging tree (the store's filesystem): a killed run leaves nothing outside the store; gc sweeps it.
+        with tempfile.TemporaryDirectory(prefix=".gguf-src-", dir=first.workdir.parent) as tmp:
             return self._convert(requests, first.link_source(Path(tmp)))
 
     def _convert(self, requests: Sequence[ConversionRequest], directory: Path) -> list[ConversionResult]:

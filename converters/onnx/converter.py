@@ -155,7 +155,7 @@ class ONNXConverter(ConverterBase):
     def convert(self, request: ConversionRequest) -> ConversionResult:
         """Export, transform as the spec says, verify the written files against PyTorch, add the side files."""
         _require()
-        with tempfile.TemporaryDirectory(prefix="mreg-onnx-src-") as src, \
+        with tempfile.TemporaryDirectory(prefix=".onnx-src-", dir=request.workdir.parent) as src, \
                 tempfile.TemporaryDirectory(prefix=".onnx-", dir=request.workdir.parent) as tmp, \
                 _fewer_collections() as freeze:
             return self._convert(request, request.link_source(Path(src)), Path(tmp), freeze)

@@ -302,3 +302,15 @@ def test_a_billion_layers_stays_under_a_memory_limit(tiny_model: Callable[..., P
                        preexec_fn=limit)
     assert r.returncode == 4, r.stderr[-2000:]
     assert json.loads(r.stdout)["error"]["type"] == "InconsistentModel"
+
+
+def test_a_conversion_writes_nothing_to_the_system_temp_dir(mreg: Any, tiny_model: Callable[..., Path],
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work files live in the staging tree, on the store's filesystem: a killed run leaves nothing outside."""
+    import tempfile
+
+    nowhere = tmp_path / "not-a-directory"
+    nowhere.write_text("")  # nothing can be made inside it, root or not
+    monkeypatch.setattr(tempfile, "tempdir", str(nowhere))
+    r = mreg("convert", tiny_model("llama"), "--to", "gguf:Q8_0", "--name", "m", "--json")
+    assert r.exit_code == 0, r.stderr
