@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from manifests import CheckRecord
     from registry.cache import Snapshot
     from registry.convert.execute import ConversionOutcome
+    from registry.convert.protocol import Target
     from registry.release.aliases import AliasChange
     from registry.release.hooks import HookedPromotion
     from registry.store.gc import GCPlan
@@ -84,14 +85,14 @@ def pull(source: str, *, cache: str | Path, include: Sequence[str] = (), exclude
                           offline=offline, endpoint=endpoint, progress=progress)
 
 
-def parse_targets(targets: Sequence[str | tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+def parse_targets(targets: Sequence[str | Target]) -> list[Target]:
     """`["hf", "gguf:Q4_K_M"]` → `[("hf", {}), ("gguf", {"spec": "Q4_K_M"})]`; tuples pass through."""
     from registry.convert.plan import parse_target
 
     return [parse_target(t) if isinstance(t, str) else t for t in targets]
 
 
-def check_targets(targets: Sequence[str | tuple[str, dict[str, Any]]]) -> None:
+def check_targets(targets: Sequence[str | Target]) -> None:
     """Refuse unknown formats, bad options and repeats, cheaply and before any download."""
     from registry.convert.plan import check_targets as check
 
@@ -108,7 +109,7 @@ def version_source(store: LocalStore, source: str) -> Version | None:
     return store.resolve(parse_ref(source))
 
 
-def convert(source: str, targets: Sequence[str | tuple[str, dict[str, Any]]], *, store: LocalStore,
+def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore,
             cache: str | Path, name: str | None = None, copy: bool = False, include: Sequence[str] = (),
             exclude: Sequence[str] = (), allow_pickle: bool = False, offline: bool = False,
             endpoint: str | None = None, progress: Progress | None = None,

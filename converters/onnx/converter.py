@@ -35,6 +35,7 @@ from registry.convert.protocol import (
     ConversionResult,
     Converter,
     ConverterBase,
+    RawOptions,
     Session,
     main_file,
     spec_of,
@@ -125,7 +126,7 @@ class ONNXConverter(ConverterBase):
     #: 3: TorchScript is the default exporter; every graph is stamped IR 10 (TorchScript writes IR 8).
     version: ClassVar[str] = "3"
 
-    def options(self, raw: dict[str, Any]) -> dict[str, Any]:
+    def options(self, raw: RawOptions) -> dict[str, Any]:
         """`{"spec": "fp16,with-past"}` -> `{"dtype": "fp16", "quantize": None, "optimize": False, ...}`."""
         return parse_spec(spec_of("onnx", raw, GRAMMAR))
 

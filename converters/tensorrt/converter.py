@@ -39,7 +39,15 @@ from converters.tensorrt.binding import (
     resolve_plan,
 )
 from manifests import Artifact, EngineRecord, TensorRTRequirements
-from registry.convert.protocol import ConversionRequest, ConversionResult, Converter, ConverterBase, spec_of, stage
+from registry.convert.protocol import (
+    ConversionRequest,
+    ConversionResult,
+    Converter,
+    ConverterBase,
+    RawOptions,
+    spec_of,
+    stage,
+)
 from registry.errors import UsageError
 from registry.progress import Progress
 
@@ -141,7 +149,7 @@ class TensorRTConverter(ConverterBase):
     version: ClassVar[str] = "1"
     needs: ClassVar[tuple[str, ...]] = ("onnx",)
 
-    def options(self, raw: dict[str, Any]) -> dict[str, Any]:
+    def options(self, raw: RawOptions) -> dict[str, Any]:
         """`{"spec": "target=sm_86,precision=fp16"}` -> the normalized options (part of the conversion key)."""
         return finish_options(parse_spec(spec_of("tensorrt", raw, GRAMMAR)))
 

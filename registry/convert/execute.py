@@ -5,14 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from manifests import Artifact, ConverterInfo, Manifest, SourceInfo
 from registry import layout, provenance
 from registry.cache import Snapshot
 from registry.convert.modelinfo import read_model_info
 from registry.convert.plan import Planned, conversion_key, groups, with_prerequisites
-from registry.convert.protocol import ConversionRequest, ConversionResult
+from registry.convert.protocol import ConversionRequest, ConversionResult, Options, Target
 from registry.errors import IntegrityError
 from registry.progress import NoProgress, Progress
 from registry.refs import check_name
@@ -36,7 +35,7 @@ def convert(
     store: LocalStore,
     snapshot: Snapshot,
     name: str,
-    targets: Sequence[tuple[str, dict[str, Any]]],
+    targets: Sequence[Target],
     *,
     copy: bool = False,
     progress: Progress | None = None,
@@ -128,7 +127,7 @@ def _run_group(staging: Staging, snapshot: Snapshot, name: str, group: list[Plan
     return made
 
 
-def _refuse_failed(fmt: str, options: dict[str, Any], result: ConversionResult, repo: str) -> None:
+def _refuse_failed(fmt: str, options: Options, result: ConversionResult, repo: str) -> None:
     """A failed verification stops the conversion: nothing is published."""
     if result.verification.status == "failed":
         raise IntegrityError(

@@ -9,18 +9,17 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from manifests import SourceInfo
 from registry.convert import formats
-from registry.convert.protocol import Converter
+from registry.convert.protocol import Converter, Options, Target
 from registry.errors import UsageError
 
 #: A target as planned: its converter, normalized options and tool versions.
-Planned = tuple[Converter, dict[str, Any], dict[str, str]]
+Planned = tuple[Converter, Options, dict[str, str]]
 
 
-def conversion_key(source: SourceInfo, targets: Sequence[tuple[str, str, str, dict[str, Any], dict[str, str]]]) -> str:
+def conversion_key(source: SourceInfo, targets: Sequence[tuple[str, str, str, Options, dict[str, str]]]) -> str:
     """sha256 over everything the result depends on: source bytes, converters, options, tool versions."""
     doc = {
         "source": {"commit": source.commit, "files": sorted((f.path, f.sha256) for f in source.files)},
@@ -32,12 +31,12 @@ def conversion_key(source: SourceInfo, targets: Sequence[tuple[str, str, str, di
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def check_targets(targets: Sequence[tuple[str, dict[str, Any]]]) -> None:
+def check_targets(targets: Sequence[Target]) -> None:
     """Refuse unknown formats, bad options and a target given twice (cheap: no heavy import), before any download."""
     refuse_repeats([(fmt, formats.get(fmt).options(raw)) for fmt, raw in targets])
 
 
-def refuse_repeats(normalized: Sequence[tuple[str, dict[str, Any]]]) -> None:
+def refuse_repeats(normalized: Sequence[Target]) -> None:
     """A target given twice with the same normalized options (gguf:Q8_0 and gguf:q8_0) is a usage error."""
     seen: set[str] = set()
     for fmt, options in normalized:
@@ -48,11 +47,11 @@ def refuse_repeats(normalized: Sequence[tuple[str, dict[str, Any]]]) -> None:
         seen.add(key)
 
 
-def with_prerequisites(targets: Sequence[tuple[str, dict[str, Any]]], carried: set[str]) -> list[Planned]:
+def with_prerequisites(targets: Sequence[Target], carried: set[str]) -> list[Planned]:
     """Each target after the formats it needs (TensorRT needs ONNX), made first with default options
     unless the version carries them or they are requested; every target's options normalized."""
     requested = [fmt for fmt, _ in targets]
-    ordered: list[tuple[str, dict[str, Any]]] = []
+    ordered: list[Target] = []
     for fmt, raw in targets:
         for need in formats.get(fmt).needs:
             if need not in carried and need not in requested and need not in [f for f, _ in ordered]:
@@ -66,8 +65,8 @@ def with_prerequisites(targets: Sequence[tuple[str, dict[str, Any]]], carried: s
     return plan
 
 
-def with_spec_flags(targets: list[tuple[str, dict[str, Any]]], fmt: str, tokens: Sequence[str],
-                    flags: str) -> list[tuple[str, dict[str, Any]]]:
+def with_spec_flags(targets: list[Target], fmt: str, tokens: Sequence[str],
+                    flags: str) -> list[Target]:
     """Fold `key=value` tokens given as separate flags into the spec of every `--to fmt` target."""
     if not tokens:
         return targets
@@ -77,7 +76,7 @@ def with_spec_flags(targets: list[tuple[str, dict[str, Any]]], fmt: str, tokens:
             for f, opts in targets]
 
 
-def parse_target(text: str) -> tuple[str, dict[str, Any]]:
+def parse_target(text: str) -> Target:
     """`gguf:Q8_0` → ("gguf", {"spec": "Q8_0"}); `hf` → ("hf", {})."""
     fmt, _, spec = text.partition(":")
     return fmt, ({"spec": spec} if spec else {})

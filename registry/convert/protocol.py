@@ -29,7 +29,7 @@ class ConversionRequest:
 
     source: SourceInfo
     source_files: Callable[[str], Path]
-    options: dict[str, Any]
+    options: Options
     workdir: Path
     progress: Progress
     place: PlaceFile
@@ -66,6 +66,10 @@ class ConversionResult:
 
 #: A converter's normalized options: JSON values, part of the conversion key and of the manifest.
 Options = dict[str, Any]
+#: What `--to FMT[:SPEC]` gives a converter to normalize: `{"spec": SPEC}`, or nothing.
+RawOptions = dict[str, str]
+#: One requested target: a format and its raw options.
+Target = tuple[str, RawOptions]
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,7 @@ class Converter(Protocol):
     #: Whether `convert_many` makes several targets of this format in one pass over the source.
     converts_many: ClassVar[bool]
 
-    def options(self, raw: dict[str, Any]) -> Options:
+    def options(self, raw: RawOptions) -> Options:
         """Validate and normalize options; the result is part of the conversion key."""
 
     def tool_versions(self) -> dict[str, str]:
@@ -205,7 +209,7 @@ def main_file(artifact: Artifact, suffix: str) -> str:
     return "."
 
 
-def spec_of(fmt: str, raw: dict[str, Any], hint: str) -> str:
+def spec_of(fmt: str, raw: RawOptions, hint: str) -> str:
     """The `SPEC` of `--to FMT:SPEC` ("" when absent); raw options are `{"spec": ...}` and nothing else."""
     extra = set(raw) - {"spec"}
     if extra:
