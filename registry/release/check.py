@@ -19,13 +19,13 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
-from manifests import Baseline, CaseResult, CheckRecord, GoldenCase
+from manifests import Artifact, Baseline, CaseResult, CheckRecord, GoldenCase
 from registry import atomic, layout, provenance
 from registry.convert import formats
+from registry.convert.protocol import Session
 from registry.errors import NotFound, UsageError
 from registry.store.local import LocalStore
 from registry.store.protocol import Store, Version
@@ -101,7 +101,7 @@ def _short(text: str, n: int = 60) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def artifact_for(version: Version, fmt: str | None) -> Any:
+def artifact_for(version: Version, fmt: str | None) -> Artifact:
     """The artifact a check runs: the one of `fmt`, or the only/first runnable one."""
     arts = version.manifest.artifacts
     if fmt is not None:
@@ -154,7 +154,7 @@ def run_check(store: LocalStore, version: Version, golden: GoldenSet, *, fmt: st
     return record
 
 
-def _run_case(session: Any, case: GoldenCase, baseline: Baseline | None, outputs: dict[str, str],
+def _run_case(session: Session, case: GoldenCase, baseline: Baseline | None, outputs: dict[str, str],
               embeddings: dict[str, tuple[float, ...]], recording: bool) -> CaseResult:
     if case.text is not None:
         prompt = case.text
