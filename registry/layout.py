@@ -7,6 +7,7 @@ Store::
       tmp/                               work and staging directories (same filesystem as blobs)
       caches/<format>/…                  what converters keep to speed up rebuilds (TensorRT timing caches)
       gc.lock                            publishers hold it shared, gc exclusive
+      locks/convert-<name>-<key>.lock    one conversion at a time per key: a second run waits, then reuses
       models/<name>/
         versions/<n>/manifest.json       written last: its presence means the version is complete
         versions/<n>/<format>/…          the artifact tree, hard links to blobs
@@ -47,6 +48,7 @@ TOMBSTONE = ".deleted"
 HISTORY = "history.jsonl"
 ALIAS_LOCK = ".lock"
 
+LOCKS = "locks"
 CHECKS = "checks"
 BASELINES = "baselines"
 
@@ -84,6 +86,11 @@ def tmp_dir(root: Path) -> Path:
 def caches_dir(root: Path) -> Path:
     """Directory of converters' rebuild caches: never part of a version, safe to delete."""
     return root / CACHES
+
+
+def conversion_lock(root: Path, name: str, key: str) -> Path:
+    """The lock that serializes runs of one conversion (same model name, same conversion key)."""
+    return root / LOCKS / f"convert-{name}-{key[:32]}.lock"
 
 
 def model_dir(root: Path, name: str) -> Path:

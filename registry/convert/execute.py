@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from manifests import Artifact, ConverterInfo, Manifest, SourceInfo
-from registry import layout, provenance
+from registry import atomic, layout, provenance
 from registry.cache import Snapshot
 from registry.convert.modelinfo import read_model_info
 from registry.convert.plan import Planned, conversion_key, groups, with_prerequisites
@@ -59,8 +59,19 @@ def convert(
         + [(c.format, c.name, c.version, opts, tools) for c, opts, tools in plan],
     )
     existing = store.find_by_key(name, key)
-    if existing is not None:
-        return ConversionOutcome(existing, True, time.monotonic() - started, snapshot.record.source)
+    if existing is None:
+        # The same conversion started elsewhere (a CI job run twice): wait for it, then find its version.
+        with atomic.flock(layout.conversion_lock(store.root, name, key)):
+            existing = store.find_by_key(name, key)
+            if existing is None:
+                return _make(store, snapshot, name, key, plan, carried, parent, copy=copy, progress=progress,
+                             started=started)
+    return ConversionOutcome(existing, True, time.monotonic() - started, snapshot.record.source)
+
+
+def _make(store: LocalStore, snapshot: Snapshot, name: str, key: str, plan: list[Planned], carried: list[Artifact],
+          parent: Version | None, *, copy: bool, progress: Progress, started: float) -> ConversionOutcome:
+    """Stage, convert every group, verify, publish: the new version."""
     with store.writers():
         staging = store.stage(name)
         try:

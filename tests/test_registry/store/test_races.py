@@ -12,7 +12,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from support import workers
 
 from registry import layout
@@ -125,3 +127,36 @@ def test_sigkill_during_publish_never_leaves_a_partial_version(tmp_path: Path, c
     execute_gc(store, plan_gc(store, keep_latest=100))
     assert not [p for p in store.tmp.iterdir()], "gc cleared every interrupted staging tree"
     _check_store(store, "big")
+
+
+def test_two_identical_conversions_at_once_publish_one_version(model_dir: Path, cache_root: Path, store_root: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second run waits for the first and finds its version by the key, instead of publishing a twin."""
+    import threading
+
+    from converters.hf.converter import HFConverter
+    from registry import api
+
+    real = HFConverter.convert
+    both_started = threading.Barrier(2, timeout=30)
+
+    def slow(self: HFConverter, request: Any) -> Any:
+        time.sleep(0.5)  # long enough for the other run to reach the same point
+        return real(self, request)
+
+    monkeypatch.setattr(HFConverter, "convert", slow)
+    snap = api.pull(str(model_dir), cache=cache_root)
+    store = api.open_local_store(store_root)
+    outcomes: list[Any] = []
+
+    def run() -> None:
+        both_started.wait()
+        outcomes.append(convert(store, snap, "m", [("hf", {})]))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(o.reused for o in outcomes) == [False, True]
+    assert {o.version.number for o in outcomes} == {1} and store.versions("m") == [1]
