@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from registry.errors import InsufficientSpace, UnsafeInput, UsageError
+from registry.errors import InsufficientSpace, UnsafeInput
 from registry.units import human_size
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -47,10 +47,22 @@ def is_commit(revision: str | None) -> bool:
     """Whether a revision is a full commit sha."""
     return bool(revision and _COMMIT.match(revision))
 
+#: The hub's own limit on each part of a repository id.
+MAX_ID_PART = 96
+
+
 def check_repo_id(repo: str) -> str:
-    """Refuse repository ids that are not `org/name` or `name`."""
-    if not _REPO.match(repo) or ".." in repo:
-        raise UsageError(f"bad repository id {repo!r}", hint="use ORG/NAME[@REVISION], or ./DIR for a local directory")
+    """Refuse repository ids that are not `org/name` or `name` as the hub allows them, before any request.
+
+    Such an id would name a cache folder the hub never serves (or one outside the cache): unsafe input.
+    """
+    parts = repo.split("/")
+    if not _REPO.match(repo) or ".." in repo or "--" in repo or any(
+            len(p) > MAX_ID_PART or p[-1] in "-." for p in parts):
+        shown = repo if len(repo) <= 80 else repo[:77] + "..."
+        raise UnsafeInput(f"bad repository id {shown!r}",
+                          hint=f"use ORG/NAME[@REVISION] (letters, digits, '-', '_', '.'; at most {MAX_ID_PART} "
+                               "each, no '--'), or ./DIR for a local directory")
     return repo
 
 def unsafe_reason(path: str) -> str | None:
