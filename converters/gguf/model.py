@@ -8,10 +8,8 @@ memory does not grow with the model.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import struct
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from converters.gguf.quants.blocks import Floats
+from registry.convert.safetensors import read_header
 from registry.errors import IntegrityError, UsageError
 
 #: Hugging Face `architectures[0]` -> GGUF architecture.
@@ -89,16 +88,8 @@ class ModelPlan:
 
 
 def read_safetensors_header(path: Path) -> dict[str, SourceTensor]:
-    """The tensors of one safetensors file, from its header alone."""
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    out: dict[str, SourceTensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        out[name] = SourceTensor(path, info["dtype"], tuple(info["shape"]), 8 + length + info["data_offsets"][0])
-    return out
+    """The tensors of one safetensors file, from its header alone (checked against the file first)."""
+    return {name: SourceTensor(path, e.dtype, e.shape, e.start) for name, e in read_header(path).items()}
 
 
 def rope_settings(config: dict[str, Any]) -> tuple[float | None, str, dict[str, Any]]:
@@ -170,10 +161,10 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
     meta: list[tuple[str, Any]] = [
         ("general.architecture", arch), ("general.type", "model"), ("general.name", name),
         (f"{arch}.block_count", n_layer),
-        (f"{arch}.context_length", int(config.get("max_position_embeddings", 4096))),
+        (f"{arch}.context_length", _size(config, "max_position_embeddings", 4096)),
         (f"{arch}.embedding_length", n_embd), (f"{arch}.feed_forward_length", n_ff),
         (f"{arch}.attention.head_count", n_head), (f"{arch}.attention.head_count_kv", n_head_kv),
-        (f"{arch}.attention.layer_norm_rms_epsilon", float(config.get("rms_norm_eps", 1e-6))),
+        (f"{arch}.attention.layer_norm_rms_epsilon", _number(config, "rms_norm_eps", 1e-6)),
     ]
     rope_meta, rope_freqs = _rope_metadata(arch, config, head_dim)
     meta += rope_meta
@@ -227,6 +218,15 @@ def _size(config: dict[str, Any], key: str, default: int | None = None) -> int:
         raise InconsistentModel(f"config.json {key} = {value!r} is not a size (a whole number from 1 to 2^31)",
                                 hint="fix config.json: it must describe the weights it ships with")
     return value
+
+
+def _number(config: dict[str, Any], key: str, default: float) -> float:
+    """A finite, positive float field of config.json (absent: the default)."""
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise InconsistentModel(f"config.json {key} = {value!r} is not a positive number",
+                                hint="fix config.json: it must describe the weights it ships with")
+    return float(value)
 
 
 def _sizes(config: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:

@@ -314,3 +314,85 @@ def test_a_conversion_writes_nothing_to_the_system_temp_dir(mreg: Any, tiny_mode
     monkeypatch.setattr(tempfile, "tempdir", str(nowhere))
     r = mreg("convert", tiny_model("llama"), "--to", "gguf:Q8_0", "--name", "m", "--json")
     assert r.exit_code == 0, r.stderr
+
+
+def _damaged(path: Path, how: str) -> None:
+    """Damage a safetensors file's header in one of the ways hostile or broken checkpoints do."""
+    import struct
+
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header, body = json.loads(data[8:8 + n]), data[8 + n:]
+    names = sorted(k for k in header if k != "__metadata__")
+
+    def rewrite(h: dict[str, Any]) -> bytes:
+        raw = json.dumps(h).encode()
+        return struct.pack("<Q", len(raw)) + raw + body
+
+    first, second = header[names[0]], header[names[1]]
+    other = "F32" if first["dtype"] != "F32" else "F16"
+    damaged = {
+        "empty": b"", "five bytes": b"12345", "huge header": struct.pack("<Q", 1 << 62) + b"{}",
+        "header past the end": struct.pack("<Q", 1000) + b"{}", "not json": struct.pack("<Q", 4) + b"nope",
+        "negative shape": rewrite({**header, names[0]: {**first, "shape": [-1, *first["shape"][1:]]}}),
+        "string shape": rewrite({**header, names[0]: {**first, "shape": ["a", *first["shape"][1:]]}}),
+        "overlap": rewrite({**header, names[1]: {**second, "data_offsets": first["data_offsets"]}}),
+        "dtype and bytes disagree": rewrite({**header, names[0]: {**first, "dtype": other}}),
+        "offsets past the end": rewrite({**header, names[0]: {**first, "data_offsets": [0, len(body) + 1]}}),
+    }[how]
+    path.write_bytes(damaged)
+
+
+@pytest.mark.parametrize("how", ["empty", "five bytes", "huge header", "header past the end", "not json",
+                                 "negative shape", "string shape", "overlap", "dtype and bytes disagree",
+                                 "offsets past the end"])
+def test_a_damaged_safetensors_header_is_one_line_exit_4(mreg: Any, tiny_model: Callable[..., Path],
+                                                         store_root: Path, how: str) -> None:
+    src = tiny_model("llama")
+    _damaged(src / "model.safetensors", how)
+    r = mreg("convert", src, "--to", "gguf:F16", "--name", "m", "--json")
+    assert r.exit_code == 4, r.stderr
+    assert r.json["error"]["type"] == "InvalidSafetensors" and "model.safetensors" in r.json["error"]["message"]
+    assert _nothing_published(store_root)
+
+
+@pytest.mark.slow
+def test_random_damage_never_tracebacks_hangs_or_publishes_a_failed_version(
+        mreg: Any, tiny_model: Callable[..., Path], store_root: Path) -> None:
+    """Property: 200 random mutations of the header bytes and of config.json values; every run ends with a
+    known exit code and a JSON document, within a bound, and any version published passed its verification."""
+    import random
+    import struct
+    import time
+
+    base = tiny_model("llama")
+    weights, config = (base / "model.safetensors").read_bytes(), json.loads((base / "config.json").read_text())
+    (n,) = struct.unpack("<Q", weights[:8])
+    rnd = random.Random(1234)
+    hostile: list[Any] = [-1, 0, 10**12, 2**63, "x", None, True, 1.5, [], {}]
+    codes: dict[int, int] = {}
+    for seed in range(200):
+        data = bytearray(weights)
+        if seed % 2:  # the header: flip bytes, or cut the file short
+            for _ in range(rnd.randint(1, 4)):
+                data[rnd.randrange(8 + n)] = rnd.randrange(256)
+            if rnd.random() < 0.3:
+                del data[rnd.randrange(len(data)):]
+            conf = config
+        else:  # config.json: a size set to something absurd
+            key = rnd.choice(["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                              "num_key_value_heads", "intermediate_size", "max_position_embeddings"])
+            conf = {**config, key: rnd.choice(hostile)}
+        (base / "model.safetensors").write_bytes(bytes(data))
+        (base / "config.json").write_text(json.dumps(conf))
+        t0 = time.monotonic()
+        r = mreg("convert", base, "--to", "gguf:F16", "--name", f"p{seed}", "--json")
+        assert time.monotonic() - t0 < 60, f"seed {seed} took too long"
+        assert r.exit_code in (0, 2, 4, 8), (seed, r.exit_code, r.stderr[-500:])
+        doc = json.loads(r.stdout)
+        if r.exit_code == 0:
+            assert doc["verification"]["gguf"] == "passed"
+        else:
+            assert doc["error"]["hint"], seed
+        codes[r.exit_code] = codes.get(r.exit_code, 0) + 1
+    assert codes.get(4, 0) > 50, codes
