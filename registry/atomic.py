@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
+import socket
 import stat
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +18,53 @@ from registry.errors import InsufficientSpace
 
 
 def temp_name(dest: Path, tag: str = "tmp") -> Path:
-    """A unique sibling name for `dest`, hidden and marked with our pid."""
-    return dest.with_name(f".{dest.name}.{tag}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    """A unique sibling name for `dest`, hidden and marked with our host and pid (so `sweep` knows its writer)."""
+    return dest.with_name(f".{dest.name}.{tag}-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+
+
+_HOST = re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname())[:64]
+#: A temp name's writer: host, pid, then the unique part.
+_TEMP = re.compile(r"^\..+\.(?P<tag>[a-z]+)-(?P<host>[A-Za-z0-9_]+)-(?P<pid>[0-9]+)-[0-9a-f]{12}$")
+#: A temp left by another host is only removed once older than this: no write takes a day.
+FOREIGN_TEMP_AGE_S = 24 * 3600
+
+
+def sweep(directory: Path, tag: str) -> list[Path]:
+    """Remove the temps (`temp_name(…, tag)`) that killed writers left in `directory`; returns them.
+
+    A temp is stale when its writer was this host and that process is gone, or it is another
+    host's and a day old. Live writers' temps are never touched.
+    """
+    removed = []
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []
+    for p in entries:
+        m = _TEMP.match(p.name)
+        if m is None or m["tag"] != tag or not _abandoned(p, m["host"], int(m["pid"])):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            remove_tree(p)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
+
+
+def _abandoned(path: Path, host: str, pid: int) -> bool:
+    if host != _HOST:
+        try:
+            return time.time() - path.lstat().st_mtime > FOREIGN_TEMP_AGE_S
+        except OSError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 def fsync_dir(path: Path) -> None:

@@ -39,6 +39,8 @@ def pull_local(cache: Path, directory: Path, *, include: Sequence[str] = (), exc
         return previous
     blobs = layout.cache_blobs_dir(cache, repo)
     blobs.mkdir(parents=True, exist_ok=True)
+    atomic.sweep(blobs, "tmp")  # what a killed import left
+    atomic.sweep(layout.cache_repo_dir(cache, repo) / layout.CACHE_SNAPSHOTS, "snap")
     progress.start(f"importing {directory.name}", plan.missing_bytes)
     hashed = [_import_file(cache, blobs, directory, f, progress) for f in plan.selected]
     progress.done()

@@ -212,6 +212,7 @@ class LocalStore:
         dest = layout.alias_path(self.root, name, alias)
         if dest.exists() and not dest.is_symlink():
             raise UsageError(f"{dest} exists and is not an alias symlink", hint="move it out of the store")
+        atomic.sweep(dest.parent, "alias")  # what a killed flip left (callers hold the alias lock)
         tmp = atomic.temp_name(dest, "alias")
         os.symlink(layout.alias_target(number), tmp)
         try:

@@ -235,3 +235,39 @@ def test_a_file_linked_into_one_version_is_linked_into_the_next_after_a_hash(
     a = store_root / "models" / "a" / "versions" / "1" / "hf" / "model.safetensors"
     b = store_root / "models" / "b" / "versions" / "1" / "hf" / "model.safetensors"
     assert a.stat().st_ino == b.stat().st_ino, "one blob, linked twice"
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_leftovers_of_killed_writers_are_swept_by_the_next_one(mreg: Any, model_dir: Path, cache_root: Path,
+                                                                store_root: Path) -> None:
+    """A killed flip leaves `.production.alias-*`, a killed import `.import.tmp-*`: the next writer removes them,
+    and never a temp whose writer is alive."""
+    from registry import atomic, layout
+
+    assert mreg("convert", model_dir, "--to", "hf", "--name", "m").exit_code == 0
+    model = layout.model_dir(store_root, "m")
+    dead, alive = _dead_pid(), os.getpid()
+    host = atomic.temp_name(model / "x").name.split("-")[1]
+    stale = model / f".production.alias-{host}-{dead}-0123456789ab"
+    live = model / f".production.alias-{host}-{alive}-0123456789ab"
+    for p in (stale, live):
+        p.symlink_to("versions/1")
+    assert mreg("promote", "m@1").exit_code == 0
+    assert not stale.is_symlink() and live.is_symlink()
+    assert os.readlink(model / "production") == "versions/1"
+
+    (blobs,) = [p for p in cache_root.glob("models--*/blobs")]
+    left = blobs / f".import.tmp-{host}-{dead}-0123456789ab"
+    left.write_bytes(b"half a file")
+    (model_dir / "config.json").write_text('{"changed": true}')  # a new import of the directory
+    assert mreg("pull", model_dir).exit_code == 0
+    assert not left.exists()
