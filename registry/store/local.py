@@ -111,19 +111,21 @@ class LocalStore:
             return None
 
     def history(self, name: str) -> list[HistoryEntry]:
-        """Every recorded alias change of a model, oldest first."""
+        """Every recorded alias change of a model, oldest first; a damaged log is an IntegrityError."""
         path = layout.model_dir(self.root, name) / layout.HISTORY
         try:
-            lines = path.read_text().splitlines()
+            lines = path.read_bytes().decode("utf-8").splitlines()
         except FileNotFoundError:
             return []
+        except (OSError, UnicodeDecodeError) as e:
+            raise _damaged_history(path, f"it cannot be read as text ({type(e).__name__})") from None
         out = []
         for line in lines:
             if line.strip():
                 try:
                     out.append(HistoryEntry.model_validate_json(line))
                 except ValueError:
-                    continue  # a torn last line after a crash: the entry was never acknowledged
+                    continue  # a line torn by a crash (the next append starts after it): never acknowledged
         return out
 
     def last_entry(self, name: str, alias: str) -> HistoryEntry | None:
@@ -136,6 +138,8 @@ class LocalStore:
                 tail = f.read()
         except FileNotFoundError:
             return None
+        except OSError as e:
+            raise _damaged_history(path, f"it cannot be read ({type(e).__name__})") from None
         lines = tail.splitlines()
         if size > 65536:
             lines = lines[1:]  # the first line may be cut
@@ -345,3 +349,7 @@ def _fsync_tree_dirs(root: Path) -> None:
         atomic.fsync_dir(Path(dirpath))
 
 
+def _damaged_history(path: Path, why: str) -> IntegrityError:
+    return IntegrityError(f"the alias history {path} is damaged: {why}",
+                          hint="restore it from a backup (aliases themselves are intact; rollback and gc need "
+                               "the history); nothing was changed")
