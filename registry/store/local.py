@@ -138,8 +138,8 @@ class LocalStore:
                 tail = f.read()
         except FileNotFoundError:
             return None
-        except OSError as e:
-            raise _damaged_history(path, f"it cannot be read ({type(e).__name__})") from None
+        except OSError as err:
+            raise _damaged_history(path, f"it cannot be read ({type(err).__name__})") from None
         lines = tail.splitlines()
         if size > 65536:
             lines = lines[1:]  # the first line may be cut
