@@ -8,8 +8,10 @@ runs only while no publisher holds the store's writer lock.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,14 +154,11 @@ def collect(store: Store, *, keep_history: int = 10, keep_latest: int = 3, grace
 
 def gc_remote(remote: S3Store, *, grace_s: float = 24 * 3600, apply: bool = False) -> GCPlan:
     """Mark from every manifest and live lease; sweep unreferenced blobs older than the grace period."""
-    from registry.store.s3 import LEASE_TTL_S, PreconditionFailed
+    from registry.store.s3 import LEASE_TTL_S
 
     lock_key = remote.key(*layout.s3_gc_lock())
     if apply:
-        try:
-            remote.put(lock_key, f'{{"at": {time.time()}}}'.encode(), if_none_match=True)
-        except PreconditionFailed as e:
-            raise Conflict("another gc is running on this store", hint="retry when it has finished") from e
+        _take_gc_lock(remote, lock_key)
     try:
         now = time.time()
         referenced: set[str] = set()
@@ -196,3 +195,35 @@ def gc_remote(remote: S3Store, *, grace_s: float = 24 * 3600, apply: bool = Fals
         if apply:
             remote.delete(lock_key)
     return GCPlan((), (), tuple(doomed), (), tuple(stale_leases))
+
+
+def _take_gc_lock(remote: S3Store, lock_key: str) -> None:
+    """Create gc.lock (create-only), with its owner and time; a lock past its expiry is a dead gc's, and is broken."""
+    from registry.store.s3 import GC_LOCK_TTL_S, PreconditionFailed
+
+    doc = json.dumps({"at": time.time(), "owner": f"{socket.gethostname()}:{os.getpid()}"}).encode()
+    for _ in range(2):
+        try:
+            remote.put(lock_key, doc, if_none_match=True)
+            return
+        except PreconditionFailed:
+            held = remote.get(lock_key)
+            at, owner = _lock_info(held.data if held is not None else b"")
+            if held is not None and time.time() - at <= GC_LOCK_TTL_S:
+                since = dt.datetime.fromtimestamp(at, dt.timezone.utc).isoformat(timespec="seconds")
+                raise Conflict(
+                    f"another gc is running on this store ({owner}, since {since})",
+                    hint=f"retry when it has finished; if that gc was killed, delete s3://{remote.bucket}/{lock_key}"
+                         f" (it also expires {GC_LOCK_TTL_S // 60} minutes after it was taken)") from None
+            if held is not None:
+                remote.delete(lock_key)  # expired, or not a lock mreg wrote: the gc that held it is gone
+    raise Conflict("another gc took the lock first", hint="retry when it has finished")
+
+
+def _lock_info(data: bytes) -> tuple[float, str]:
+    """When a lock was taken and by whom (0 and "unknown" for a lock that says neither)."""
+    try:
+        doc = json.loads(data)
+        return float(doc.get("at", 0)), str(doc.get("owner", "unknown owner"))
+    except (ValueError, TypeError, AttributeError):
+        return 0.0, "unknown owner"

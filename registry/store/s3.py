@@ -383,7 +383,11 @@ class S3Store:
         self.put(key, json.dumps({"digests": digests, "at": time.time()}).encode())
         deadline = time.monotonic() + 300
         while (lock := self.get(self.key(*layout.s3_gc_lock()))) is not None:
-            if time.time() - json.loads(lock.data).get("at", 0) > GC_LOCK_TTL_S:
+            try:
+                taken = float(json.loads(lock.data).get("at", 0))
+            except (ValueError, TypeError, AttributeError):
+                taken = 0.0  # not a lock mreg wrote
+            if time.time() - taken > GC_LOCK_TTL_S:
                 break  # a gc that died long ago
             if time.monotonic() > deadline:
                 self.delete(key)

@@ -390,3 +390,21 @@ def test_watch_reports_an_unreachable_store_and_keeps_following(
                  changes.append, stop, errors.append)
     assert [type(e).__name__ for e in errors] == ["StoreUnreachable"] and len(rounds) == 2
     assert [c.version for c in changes] == [1]
+
+
+def test_a_gc_lock_left_by_a_killed_gc_expires_and_a_live_one_names_its_owner(mreg: Any, model_dir: Path,
+                                                                              remote_url: str) -> None:
+    """A gc killed mid-way left gc.lock, which blocked every later gc forever."""
+    _versions(mreg, model_dir, "m", 1)
+    assert mreg("push", "m@1", remote_url).exit_code == 0
+    store = S3Store(remote_url)
+    lock = store.key("gc.lock")
+    store.put(lock, json.dumps({"at": time.time(), "owner": "ci-7:4242"}).encode())
+    r = mreg("gc", "--store", remote_url, "--yes", "--json")
+    assert r.exit_code == 5 and "ci-7:4242" in r.json["error"]["message"] and "gc.lock" in r.json["error"]["hint"]
+    store.put(lock, json.dumps({"at": time.time() - 2 * 3600, "owner": "ci-7:4242"}).encode())
+    assert mreg("gc", "--store", remote_url, "--yes").exit_code == 0, "an expired lock is a dead gc's"
+    assert not store.exists(lock), "and the new gc released its own"
+    store.put(lock, b"\x00 not json")
+    assert mreg("gc", "--store", remote_url, "--yes").exit_code == 0, "a lock mreg did not write is not a live gc"
+    assert mreg("push", "m@1", remote_url).exit_code == 0
