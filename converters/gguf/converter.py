@@ -62,6 +62,7 @@ class _Stats:
     maxerr: float = 0.0
     head: bytes = b""
     tail: bytes = b""
+    nonfinite: int = 0
 
 
 Encoded = tuple[np.ndarray[Any, Any], float, float, float]
@@ -74,8 +75,9 @@ def _encode(rows: Floats, qtype: str) -> Encoded:
     if qtype != "F32":
         # A few rows per chunk, decoded by gguf's dequantizer: an implementation independent of ours.
         sample = rows[:: max(1, len(rows) // 4)][:4]
-        back = dequantize(data[:: max(1, len(rows) // 4)][:4], qtype, rows.shape[1])
-        diff = back - sample
+        with np.errstate(all="ignore"):  # NaN/Inf rows are counted and fail verification; no warning on stderr
+            back = dequantize(data[:: max(1, len(rows) // 4)][:4], qtype, rows.shape[1])
+            diff = back - sample
         err2 = float(np.square(diff, dtype=np.float64).sum())
         sig2 = float(np.square(sample, dtype=np.float64).sum())
         maxerr = float(np.abs(diff).max(initial=0.0))
@@ -83,14 +85,16 @@ def _encode(rows: Floats, qtype: str) -> Encoded:
 
 
 def _read_and_encode(reader: SafetensorsReader, t: TensorPlan, qtypes: list[str], start: int,
-                     stop: int) -> list[Encoded]:
-    """Rows [start, stop) read once, encoded once per distinct type (files sharing a type share the bytes)."""
+                     stop: int) -> tuple[list[Encoded], int]:
+    """Rows [start, stop) read once, encoded once per distinct type (files sharing a type share the bytes);
+    with the number of NaN/Inf values among them (every value is looked at, not a sample)."""
     rows = reader.rows(t, start, stop)
+    nonfinite = rows.size - int(np.count_nonzero(np.isfinite(rows)))
     done: dict[str, Encoded] = {}
     for q in qtypes:
         if q not in done:
             done[q] = _encode(rows, q)
-    return [done[q] for q in qtypes]
+    return [done[q] for q in qtypes], nonfinite
 
 
 def dequantize(data: np.ndarray[Any, Any], qtype: str, ncols: int) -> Floats:
@@ -122,7 +126,7 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
         for p, out in zip(planned, outs, strict=True):
             out.write(header(p.metadata, p.infos))
         current = 0
-        pending: deque[tuple[int, Future[list[Encoded]]]] = deque()
+        pending: deque[tuple[int, Future[tuple[list[Encoded], int]]]] = deque()
 
         def drain(limit: int) -> None:
             nonlocal current
@@ -132,9 +136,11 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
                     for out in outs:
                         out.pad()
                     current += 1
-                for out, st, (data, e, s, m) in zip(outs, stats, fut.result(), strict=True):
+                encoded, nonfinite = fut.result()
+                for out, st, (data, e, s, m) in zip(outs, stats, encoded, strict=True):
                     raw = np.ascontiguousarray(data).data.cast("B")
                     one = st[i]
+                    one.nonfinite += nonfinite
                     one.head = one.head or bytes(raw[:64])
                     one.tail = bytes(raw[-64:])
                     one.err2, one.sig2, one.maxerr = one.err2 + e, one.sig2 + s, max(one.maxerr, m)
@@ -153,7 +159,7 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
             current += 1
         digests = [out.close() for out in outs]
     return [(digest, [EncodedTensor(info, choice, st.head, st.tail, (st.err2 / st.sig2) ** 0.5 if st.sig2 else 0.0,
-                                    st.maxerr)
+                                    st.maxerr, st.nonfinite)
                       for info, choice, st in zip(p.infos, p.choices, pstats, strict=True)])
             for digest, p, pstats in zip(digests, planned, stats, strict=True)]
 

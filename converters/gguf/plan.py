@@ -32,6 +32,8 @@ class EncodedTensor:
     tail: bytes
     rel_rmse: float
     max_abs_err: float
+    #: NaN/Inf values in the source tensor (all of them counted while streaming).
+    nonfinite: int = 0
 
 
 @dataclass(frozen=True)

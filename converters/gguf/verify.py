@@ -232,10 +232,13 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str) -> dict
     metrics["top1_agreement"] = float((got.argmax(-1) == ref.argmax(-1)).mean())
     metrics["kl_divergence"] = float(np.mean(np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1)))
     metrics["logits_positions"] = float(len(ids))
-    if file_type in LOGITS_REL_DIFF and metrics["logits_max_rel_diff"] > LOGITS_REL_DIFF[file_type]:
+    for side, values in (("llama.cpp's", got), ("the reference's", ref)):
+        if not np.isfinite(values).all():
+            problems.append(f"{side} logits hold {int(values.size - np.isfinite(values).sum())} NaN/Inf values")
+    if file_type in LOGITS_REL_DIFF and not metrics["logits_max_rel_diff"] <= LOGITS_REL_DIFF[file_type]:
         problems.append(f"logits differ from the float32 reference by {metrics['logits_max_rel_diff']:.3g} std "
                         f"(bound {LOGITS_REL_DIFF[file_type]})")
-    if file_type in LOGITS_KL and metrics["kl_divergence"] > LOGITS_KL[file_type]:
+    if file_type in LOGITS_KL and not metrics["kl_divergence"] <= LOGITS_KL[file_type]:
         problems.append(f"KL divergence from the float32 reference {metrics['kl_divergence']:.3g} "
                         f"(bound {LOGITS_KL[file_type]})")
     return {"problems": problems, "metrics": metrics, "notes": notes}
@@ -255,8 +258,11 @@ def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directo
     worst: dict[str, float] = {}
     for e in encoded:
         bound = ERROR_BOUND[e.info.qtype]
+        if e.nonfinite:
+            problems.append(f"{e.info.name}: {e.nonfinite} NaN/Inf values in the source tensor")
+            continue
         worst[e.info.qtype] = max(worst.get(e.info.qtype, 0.0), e.rel_rmse)
-        if e.rel_rmse > bound and e.info.qtype != "F32":
+        if not e.rel_rmse <= bound and e.info.qtype != "F32":  # NaN fails too
             problems.append(f"{e.info.name}: relative RMS error {e.rel_rmse:.3g} over the {e.info.qtype} bound {bound}")
     metrics: dict[str, float] = {"tensors": float(len(encoded)), "metadata_keys": float(len(plan.metadata))}
     metrics.update({f"rel_rmse_{k}": round(v, 6) for k, v in sorted(worst.items())})

@@ -396,3 +396,41 @@ def test_random_damage_never_tracebacks_hangs_or_publishes_a_failed_version(
             assert doc["error"]["hint"], seed
         codes[r.exit_code] = codes.get(r.exit_code, 0) + 1
     assert codes.get(4, 0) > 50, codes
+
+
+def _poison(path: Path, tensor_suffix: str, value: float) -> str:
+    """Put `value` (NaN or Inf) into one element of a tensor of a safetensors file; returns the tensor's name."""
+    import struct
+
+    import numpy as np
+
+    data = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    name = next(k for k in sorted(header) if k.endswith(tensor_suffix))
+    info = header[name]
+    at = 8 + n + info["data_offsets"][0] + 2 * 17  # an element in the middle of the first row
+    if info["dtype"] == "F32":
+        at = 8 + n + info["data_offsets"][0] + 4 * 17
+        data[at:at + 4] = np.float32(value).tobytes()
+    elif info["dtype"] == "F16":
+        data[at:at + 2] = np.float16(value).tobytes()
+    else:  # BF16: the upper half of the float32
+        data[at:at + 2] = np.float32(value).tobytes()[2:]
+    path.write_bytes(bytes(data))
+    return name
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("target", ["gguf:F16", "gguf:Q8_0"])
+def test_nan_or_inf_weights_fail_verification_and_name_the_tensor(mreg: Any, tiny_model: Callable[..., Path],
+                                                                  store_root: Path, value: float,
+                                                                  target: str) -> None:
+    """A comparison with NaN is false: NaN weights were published as `passed` with null logits metrics."""
+    src = tiny_model("llama")
+    name = _poison(src / "model.safetensors", "layers.1.mlp.up_proj.weight", value)
+    r = mreg("convert", src, "--to", target, "--name", "m", "--json")
+    assert r.exit_code == 4, r.stderr
+    assert r.json["error"]["type"] == "IntegrityError" and "NaN/Inf" in r.json["error"]["message"]
+    assert "blk.1.ffn_up.weight" in r.json["error"]["message"], (name, r.json["error"]["message"])
+    assert _nothing_published(store_root)
