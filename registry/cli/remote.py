@@ -44,7 +44,8 @@ def push_cmd(ref: str, remote: str, config_path: str | None, store: str | None, 
            "present_blobs": out.present_blobs, "manifest_sha256": out.version.manifest_sha256}
     Output(as_json).result(doc, (
         f"✓ {v.name}@{v.number} → {remote} as {v.name}@{out.version.number}"
-        + (" (already there; nothing uploaded)" if out.reused else
+        + (" (already there; nothing uploaded)" if out.reused and not out.uploaded_blobs else
+           f" (already there; {out.uploaded_blobs} damaged blob(s) sent again)" if out.reused else
            f" ({out.uploaded_blobs} blob(s), {human_size(out.uploaded_bytes)} uploaded; "
            f"{out.present_blobs} already there)")))
 

@@ -156,12 +156,15 @@ class S3Store:
 
     def exists(self, key: str) -> bool:
         """Whether an object exists (HEAD)."""
+        return self.size(key) is not None
+
+    def size(self, key: str) -> int | None:
+        """An object's size (HEAD), or None when there is none."""
         try:
-            self.s3.head_object(Bucket=self.bucket, Key=key)
-            return True
+            return int(self.s3.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
         except (ClientError, BotoCoreError) as e:
             if _code(e) in ("404", "NoSuchKey", "NotFound"):
-                return False
+                return None
             raise wrap_error(e, f"checking s3://{self.bucket}/{key}") from e
 
     def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None,

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from manifests import HistoryEntry, Manifest
 from registry import layout, provenance
-from registry.digest import write_hashed
+from registry.digest import sha256_file, write_hashed
 from registry.errors import Conflict, IntegrityError, NotFound, StoreUnreachable
 from registry.progress import NoProgress, Progress
 from registry.store.local import LocalStore
@@ -50,13 +50,13 @@ def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Prog
     """Copy a local version to the remote store; uploads only the blobs it lacks."""
     progress = progress or NoProgress()
     existing = remote.find_by_key(version.name, version.manifest.key)
-    if existing is not None:
-        return PushOutcome(existing, True, 0, 0, 0)
     files = {f.sha256: f.size for a in version.manifest.artifacts for f in a.files}
     lease = remote.take_lease(sorted(files))
     try:
-        absent = parallel(workers, lambda d: not remote.exists(remote.blob_key(d)), list(files))
-        missing = [d for d, gone in zip(files, absent, strict=True) if gone]
+        # A remote blob of the wrong size (cut short, or replaced) is sent again: a re-push repairs it,
+        # also when the version is already there.
+        sizes = parallel(workers, lambda d: remote.size(remote.blob_key(d)), list(files))
+        missing = [d for d, size in zip(files, sizes, strict=True) if size != files[d]]
         progress.start(f"pushing {version.name}@{version.number}", sum(files[d] for d in missing))
         lock = threading.Lock()
 
@@ -66,10 +66,11 @@ def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Prog
 
         parallel(max(1, workers // 4), lambda d: _upload_blob(local, remote, d, advance), missing)
         progress.done()
-        published = remote.publish_manifest(version.manifest)
+        published = existing or remote.publish_manifest(version.manifest)
     finally:
         remote.delete(lease)
-    return PushOutcome(published, False, len(missing), sum(files[d] for d in missing), len(files) - len(missing))
+    return PushOutcome(published, existing is not None, len(missing), sum(files[d] for d in missing),
+                       len(files) - len(missing))
 
 
 def _upload_blob(local: LocalStore, remote: S3Store, digest: str, advance: Callable[[int], None]) -> None:
@@ -81,6 +82,11 @@ def _upload_blob(local: LocalStore, remote: S3Store, digest: str, advance: Calla
         remote.put(key, path.read_bytes(), sha256=digest)
         advance(size)
         return
+    # A multipart upload has no whole-object check on the server: the blob is verified here before it travels.
+    if sha256_file(path) != digest:
+        raise IntegrityError(f"the local blob {digest[:12]}… ({path}) does not match its name",
+                             hint="run `mreg verify --all` and re-publish the damaged version from its source; "
+                                  "nothing was pushed")
     remote.upload_file(path, key, digest, advance, part_size=PART_SIZE, threshold=MULTIPART_THRESHOLD)
 
 

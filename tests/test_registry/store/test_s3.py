@@ -20,6 +20,7 @@ import pytest
 from support import workers
 from support.s3_server import SeaweedS3
 
+from registry import layout
 from registry.store.local import LocalStore
 from registry.store.s3 import S3Store
 from registry.store.transfer import push, sync
@@ -408,3 +409,32 @@ def test_a_gc_lock_left_by_a_killed_gc_expires_and_a_live_one_names_its_owner(mr
     store.put(lock, b"\x00 not json")
     assert mreg("gc", "--store", remote_url, "--yes").exit_code == 0, "a lock mreg did not write is not a live gc"
     assert mreg("push", "m@1", remote_url).exit_code == 0
+
+
+def test_a_damaged_local_blob_is_not_pushed_and_a_damaged_remote_one_is_repaired(
+        mreg: Any, tmp_path: Path, remote_url: str, store_root: Path) -> None:
+    """Multipart uploads carry no whole-object check: the blob is hashed before it travels. A remote blob
+    cut short is sent again by the next push, even of a version already there."""
+    import random
+
+    src = tmp_path / "big"
+    src.mkdir()
+    (src / "large.safetensors").write_bytes(random.Random(3).randbytes(70 << 20))  # past the multipart threshold
+    (src / "config.json").write_text("{}")
+    assert mreg("convert", src, "--to", "hf", "--name", "big").exit_code == 0
+    store = LocalStore(store_root)
+    (entry,) = [f for f in store.version("big", 1).manifest.artifacts[0].files if f.path == "large.safetensors"]
+    blob = layout.blob_path(store_root, entry.sha256)
+    good = blob.read_bytes()
+    os.chmod(blob, 0o644)
+    blob.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # one bit, same size
+    r = mreg("push", "big@1", remote_url, "--json")
+    assert r.exit_code == 4 and "does not match its name" in r.json["error"]["message"], r.stderr
+    remote = S3Store(remote_url)
+    assert remote.versions("big") == [], "nothing published"
+    blob.write_bytes(good)
+    assert mreg("push", "big@1", remote_url).exit_code == 0
+    remote.put(remote.blob_key(entry.sha256), b"cut short", sha256=None)
+    again = mreg("push", "big@1", remote_url, "--json")
+    assert again.exit_code == 0 and again.json["reused"] and again.json["uploaded_blobs"] == 1
+    assert mreg("verify", "big@1", "--store", remote_url).exit_code == 0
