@@ -235,3 +235,18 @@ def cache_snapshot_dir(cache: Path, repo: str, commit: str) -> Path:
 def cache_ref_path(cache: Path, repo: str, revision: str) -> Path:
     """The file holding the commit a branch or tag pointed to."""
     return cache_repo_dir(cache, repo) / CACHE_REFS / revision
+
+
+# -- serving: a Triton model repository (`mreg export triton`) -------------------------------------------
+
+TRITON_CONFIG = "config.pbtxt"
+
+
+def triton_model_dir(repo: Path, name: str) -> Path:
+    """A model's directory in a Triton repository: config.pbtxt and one directory per served version."""
+    return repo / name
+
+
+def triton_plan_name(sm: str) -> str:
+    """The plan link for one compute capability (`86` → `model_sm86.plan`), named in cc_model_filenames."""
+    return f"model_sm{sm}.plan"

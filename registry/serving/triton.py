@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from manifests import Artifact, TensorRTRequirements
-from registry import atomic
+from registry import atomic, layout
 from registry.errors import NotFound, UsageError
 from registry.store.protocol import Version
 
@@ -107,7 +107,7 @@ def export(version: Version, repo: Path, *, max_batch_size: int = 8, prefer: str
     onnx_main = next(f.path for f in onnx_art.files if f.path.endswith(".onnx"))
     inputs, outputs = read_signature(vpath / onnx_art.path / onnx_main)
     use_trt = trt_art is not None and prefer in ("auto", "tensorrt")
-    model_dir = repo / version.name
+    model_dir = layout.triton_model_dir(repo, version.name)
     model_dir.mkdir(parents=True, exist_ok=True)
     stage = atomic.temp_name(model_dir / str(version.number), "triton")
     stage.mkdir()
@@ -129,7 +129,7 @@ def export(version: Version, repo: Path, *, max_batch_size: int = 8, prefer: str
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    atomic.write_bytes(model_dir / "config.pbtxt", config.encode())
+    atomic.write_bytes(model_dir / layout.TRITON_CONFIG, config.encode())
     return TritonExport(model_dir, final, platform, config)
 
 
@@ -144,7 +144,7 @@ def _link_plans(vpath: Path, art: Artifact, stage: Path) -> dict[str, str]:
         if plan not in files:
             continue
         sm = cc.replace("sm_", "").replace(".", "")
-        name = f"model_sm{sm}.plan"
+        name = layout.triton_plan_name(sm)
         _link(vpath / art.path / plan, stage / name)
         out[f"{sm[:-1]}.{sm[-1]}"] = name
     if not out:
