@@ -60,7 +60,13 @@ class Staging:
         for f in art.files:
             dest = self.path / art.path / f.path
             dest.parent.mkdir(parents=True, exist_ok=True)
-            os.link(layout.blob_path(self.store.root, f.sha256), dest)
+            try:
+                os.link(layout.blob_path(self.store.root, f.sha256), dest)
+            except FileNotFoundError:
+                raise IntegrityError(
+                    f"the {art.format} artifact's {f.path} (blob {f.sha256[:12]}…) is missing from the store",
+                    hint="run `mreg verify --all` to see what is damaged, and re-publish that version from its "
+                         "source; nothing was published") from None
         return art
 
     def placer(self, fmt: str, *, copy: bool, trusted_before: float,

@@ -271,3 +271,18 @@ def test_leftovers_of_killed_writers_are_swept_by_the_next_one(mreg: Any, model_
     (model_dir / "config.json").write_text('{"changed": true}')  # a new import of the directory
     assert mreg("pull", model_dir).exit_code == 0
     assert not left.exists()
+
+
+def test_a_carried_blob_that_is_missing_is_one_line_not_a_traceback(mreg: Any, model_dir: Path,
+                                                                    store_root: Path) -> None:
+    from registry import layout
+
+    assert mreg("convert", model_dir, "--to", "hf", "--name", "m").exit_code == 0
+    (entry,) = [f for f in LocalStore(store_root).version("m", 1).manifest.artifacts[0].files
+                if f.path == "model.safetensors"]
+    for p in (layout.blob_path(store_root, entry.sha256),
+              store_root / "models" / "m" / "versions" / "1" / "hf" / "model.safetensors"):
+        p.unlink()  # both links to the bytes: the blob is gone
+    r = mreg("convert", "m@1", "--to", "gguf:F16", "--json")
+    assert r.exit_code == 4 and "missing from the store" in r.json["error"]["message"], r.stderr
+    assert LocalStore(store_root).versions("m") == [1]
