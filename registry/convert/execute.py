@@ -117,7 +117,11 @@ def _run_group(staging: Staging, snapshot: Snapshot, name: str, group: list[Plan
         cache_dir=layout.caches_dir(staging.store.root),
         name=name,
     ) for _, opts, _ in group]
-    results = conv.convert_many(requests) if len(group) > 1 else [conv.convert(requests[0])]
+    try:
+        results = conv.convert_many(requests) if len(group) > 1 else [conv.convert(requests[0])]
+    except OSError as e:  # a full disk while a converter writes is exit 7 for every format, as for copies
+        atomic.raise_if_full(e, staging.path)
+        raise
     made = []
     for (_, opts, tools), result in zip(group, results, strict=True):
         _refuse_failed(conv.format, opts, result, snapshot.record.source.repo)

@@ -434,3 +434,20 @@ def test_nan_or_inf_weights_fail_verification_and_name_the_tensor(mreg: Any, tin
     assert r.json["error"]["type"] == "IntegrityError" and "NaN/Inf" in r.json["error"]["message"]
     assert "blk.1.ffn_up.weight" in r.json["error"]["message"], (name, r.json["error"]["message"])
     assert _nothing_published(store_root)
+
+
+def test_a_full_disk_while_writing_is_exit_7_and_nothing_is_left(mreg: Any, tiny_model: Callable[..., Path],
+                                                                 store_root: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from converters.gguf.file import HashingWriter
+
+    def full(self: Any, data: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(HashingWriter, "write", full)
+    r = mreg("convert", tiny_model("llama"), "--to", "gguf:Q8_0", "--name", "m", "--json")
+    assert r.exit_code == 7 and r.json["error"]["type"] == "InsufficientSpace", r.stderr
+    assert _nothing_published(store_root)
+    assert not any((store_root / "tmp").glob("stage-*")), "the staging tree is gone"
