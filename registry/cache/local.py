@@ -23,7 +23,7 @@ def pull_local(cache: Path, directory: Path, *, include: Sequence[str] = (), exc
     import hashlib
 
     progress = progress or NoProgress()
-    directory = directory.expanduser().absolute()
+    directory = directory.expanduser().resolve()  # a source given through a link is its target
     if not directory.is_dir():
         raise NotFound(f"{directory} is not a directory", hint="give the path of a model directory")
     files = _listing(directory)
@@ -75,11 +75,13 @@ def _listing(directory: Path) -> list[RemoteFile]:
     files: list[RemoteFile] = []
     for p in sorted(directory.rglob("*")):
         rel = p.relative_to(directory).as_posix()
-        if rel.split("/")[0] in (".git", ".cache") or p.is_dir():
+        if rel.split("/")[0] in (".git", ".cache"):
             continue
-        if p.is_symlink() and not p.resolve().is_relative_to(directory):
+        if p.is_symlink() and not p.resolve().is_relative_to(directory):  # a file's link or a directory's
             raise UnsafeInput(f"{rel} is a symlink to {p.resolve()}, outside {directory}",
-                              hint="copy the file into the directory or remove the link")
+                              hint="copy what it points to into the directory, or remove the link")
+        if p.is_dir():
+            continue
         if p.is_file():
             files.append(RemoteFile(rel, p.stat().st_size, None, None))
     return files

@@ -247,3 +247,19 @@ def test_unchanged_local_directory_is_not_read_again(mreg: Any, model_dir: Path)
     (model_dir / "config.json").write_text('{"changed": 1}')
     changed = mreg("pull", model_dir, "--json").json
     assert changed["from_cache"] is False and changed["commit"] != first["commit"]
+
+
+def test_a_directory_link_out_of_the_tree_is_refused_and_a_linked_source_is_its_target(
+        mreg: Any, model_dir: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "secret.json").write_text("{}")
+    (model_dir / "extra").symlink_to(outside, target_is_directory=True)
+    r = mreg("pull", model_dir, "--json")
+    assert r.exit_code == 8 and "outside" in r.json["error"]["message"], "it was skipped silently"
+    (model_dir / "extra").unlink()
+    via = tmp_path / "via-link"
+    via.symlink_to(model_dir, target_is_directory=True)
+    linked = mreg("pull", via, "--json")
+    assert linked.exit_code == 0, linked.stderr  # was refused: its files "escaped" the link's path
+    assert linked.json["commit"] == mreg("pull", model_dir, "--json").json["commit"]
