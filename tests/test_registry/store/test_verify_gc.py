@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from registry import atomic, layout
 from registry.store.local import LocalStore
@@ -99,3 +102,72 @@ def test_gc_refuses_while_a_publish_is_running(mreg: Any, model_dir: Path, store
     with atomic.flock(store_root / layout.GC_LOCK, shared=True):
         r = mreg("gc", "--yes")
     assert r.exit_code == 5 and "publish is in progress" in r.stderr
+
+
+# -- links out of the store (issue #15) ------------------------------------------------------
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    """Every file under `d` (links not followed) and its bytes: what must survive byte for byte."""
+    out = {}
+    for dirpath, dirs, names in os.walk(d):
+        for fn in names + dirs:
+            p = Path(dirpath) / fn
+            if p.is_symlink():
+                out[p.relative_to(d).as_posix()] = b"-> " + os.readlink(p).encode()
+            elif fn in names:
+                out[p.relative_to(d).as_posix()] = p.read_bytes()
+    return out
+
+
+def _refused(r: Any, *words: str) -> None:
+    """Exit 4, one error line and its hint on stderr, an IntegrityError document on stdout (with --json)."""
+    assert r.exit_code == 4, r.stderr + r.stdout
+    error, hint = r.stderr.splitlines()
+    assert error.startswith("error: ") and hint.startswith("hint: ")
+    assert r.json["error"]["type"] == "IntegrityError" and r.json["error"]["hint"], r.stdout
+    for w in words:
+        assert w in error, error
+
+
+def _link_out(store_root: Path, outside: Path, rel: str) -> Path:
+    """Move `rel` of the store to `outside` and leave a symlink to it in its place (what an intruder does)."""
+    inside = store_root / rel
+    shutil.copytree(inside, outside, symlinks=True)
+    (outside / "precious.txt").write_text("not the store's to delete")
+    for dirpath, _dirs, _names in os.walk(inside):
+        os.chmod(dirpath, 0o755)
+    shutil.rmtree(inside)
+    os.symlink(outside, inside)
+    return inside
+
+
+def _two_versions(mreg: Any, model_dir: Path) -> None:
+    for i in range(2):
+        (model_dir / "config.json").write_text(f'{{"i": {i}}}')
+        assert mreg("convert", model_dir, "--to", "hf", "--name", "m").exit_code == 0
+
+
+def _fan_of_v1_config(store_root: Path) -> str:
+    """The blob fan-out directory that holds version 1's config (a blob gc would remove)."""
+    v1 = LocalStore(store_root).version("m", 1).manifest.artifacts[0]
+    digest = next(f.sha256 for f in v1.files if f.path == "config.json")
+    return layout.blob_path(store_root, digest).parent.relative_to(store_root).as_posix()
+
+
+@pytest.mark.parametrize("where", ["models/m/versions/1", "models/m", "models/m/versions/1/hf", "blobs", "tmp"])
+def test_gc_refuses_a_link_out_of_the_store_and_deletes_nothing(mreg: Any, model_dir: Path, store_root: Path,
+                                                                 tmp_path: Path, where: str) -> None:
+    _two_versions(mreg, model_dir)  # with --keep-latest 1 gc would remove version 1
+    rel = {"blobs": _fan_of_v1_config(store_root), "tmp": "tmp/stage-host-1-dead"}.get(where, where)
+    if where == "tmp":
+        (store_root / rel / "hf").mkdir(parents=True)
+        (store_root / rel / "hf/partial").write_bytes(b"half")
+    outside = tmp_path / "outside"
+    _link_out(store_root, outside, rel)
+    kept_outside, kept_store = _files(outside), _files(store_root)
+    for dry in ([], ["--yes"]):
+        r = mreg("gc", "--keep-latest", "1", "--keep-history", "0", *dry, "--json")
+        _refused(r, "symlink", rel)
+    assert _files(outside) == kept_outside, "gc deleted files outside the store"
+    assert _files(store_root) == kept_store, "gc deleted part of the store although it refused"
