@@ -125,6 +125,7 @@ def require_no_link(root: Path, path: Path, what: str) -> Path:
         f"{what}: {describe_link(root, link)}; mreg never makes one there and will not follow it",
         hint=f"if nobody meant it, remove the link itself (`rm {link}`, no trailing slash: its target is left alone), "
              "then run `mreg verify --all`",
+        details={"link": str(link), "target": os.path.realpath(link)},
     )
 
 

@@ -171,3 +171,30 @@ def test_gc_refuses_a_link_out_of_the_store_and_deletes_nothing(mreg: Any, model
         _refused(r, "symlink", rel)
     assert _files(outside) == kept_outside, "gc deleted files outside the store"
     assert _files(store_root) == kept_store, "gc deleted part of the store although it refused"
+
+
+@pytest.mark.parametrize("where", ["models/m/versions/1", "models/m/versions/1/hf",
+                                   "models/m/versions/1/hf/config.json"])
+def test_verify_reports_a_link_out_of_the_store(mreg: Any, model_dir: Path, store_root: Path, tmp_path: Path,
+                                                where: str) -> None:
+    mreg("convert", model_dir, "--to", "hf", "--name", "m")
+    outside = tmp_path / "outside"
+    if where.endswith(".json"):  # a file: the same bytes, but not the store's
+        outside.mkdir()
+        shutil.copy(store_root / where, outside / "config.json")
+        os.chmod(store_root / where, 0o644)
+        os.unlink(store_root / where)
+        os.symlink(outside / "config.json", store_root / where)
+    else:
+        _link_out(store_root, outside, where)
+    kept = _files(outside)
+    for args in (["m@1"], ["--all"]):
+        r = mreg("verify", *args, "--json")
+        _refused(r, "m@1")
+        (report,) = r.json["versions"]
+        assert report["ok"] is False and (report["version"], report["name"]) == (1, "m")
+        assert any("symlink" in p and str(outside) in p for p in report["problems"]), report["problems"]
+    if not where.endswith(".json"):  # a version read through a link: every reader refuses it
+        _refused(mreg("show", "m@1", "--json"), "symlink")
+        _refused(mreg("resolve", "m@1", "--json"), "symlink")
+    assert _files(outside) == kept
