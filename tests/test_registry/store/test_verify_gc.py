@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.hostile import files, link_out, refused
 
 from registry import atomic, layout
 from registry.store.local import LocalStore
@@ -107,41 +107,6 @@ def test_gc_refuses_while_a_publish_is_running(mreg: Any, model_dir: Path, store
 # -- links out of the store (issue #15) ------------------------------------------------------
 
 
-def _files(d: Path) -> dict[str, bytes]:
-    """Every file under `d` (links not followed) and its bytes: what must survive byte for byte."""
-    out = {}
-    for dirpath, dirs, names in os.walk(d):
-        for fn in names + dirs:
-            p = Path(dirpath) / fn
-            if p.is_symlink():
-                out[p.relative_to(d).as_posix()] = b"-> " + os.readlink(p).encode()
-            elif fn in names:
-                out[p.relative_to(d).as_posix()] = p.read_bytes()
-    return out
-
-
-def _refused(r: Any, *words: str) -> None:
-    """Exit 4, one error line and its hint on stderr, an IntegrityError document on stdout (with --json)."""
-    assert r.exit_code == 4, r.stderr + r.stdout
-    error, hint = r.stderr.splitlines()
-    assert error.startswith("error: ") and hint.startswith("hint: ")
-    assert r.json["error"]["type"] == "IntegrityError" and r.json["error"]["hint"], r.stdout
-    for w in words:
-        assert w in error, error
-
-
-def _link_out(store_root: Path, outside: Path, rel: str) -> Path:
-    """Move `rel` of the store to `outside` and leave a symlink to it in its place (what an intruder does)."""
-    inside = store_root / rel
-    shutil.copytree(inside, outside, symlinks=True)
-    (outside / "precious.txt").write_text("not the store's to delete")
-    for dirpath, _dirs, _names in os.walk(inside):
-        os.chmod(dirpath, 0o755)
-    shutil.rmtree(inside)
-    os.symlink(outside, inside)
-    return inside
-
-
 def _two_versions(mreg: Any, model_dir: Path) -> None:
     for i in range(2):
         (model_dir / "config.json").write_text(f'{{"i": {i}}}')
@@ -164,13 +129,13 @@ def test_gc_refuses_a_link_out_of_the_store_and_deletes_nothing(mreg: Any, model
         (store_root / rel / "hf").mkdir(parents=True)
         (store_root / rel / "hf/partial").write_bytes(b"half")
     outside = tmp_path / "outside"
-    _link_out(store_root, outside, rel)
-    kept_outside, kept_store = _files(outside), _files(store_root)
+    link_out(store_root, rel, outside)
+    kept_outside, kept_store = files(outside), files(store_root)
     for dry in ([], ["--yes"]):
         r = mreg("gc", "--keep-latest", "1", "--keep-history", "0", *dry, "--json")
-        _refused(r, "symlink", rel)
-    assert _files(outside) == kept_outside, "gc deleted files outside the store"
-    assert _files(store_root) == kept_store, "gc deleted part of the store although it refused"
+        refused(r, "symlink", rel)
+    assert files(outside) == kept_outside, "gc deleted files outside the store"
+    assert files(store_root) == kept_store, "gc deleted part of the store although it refused"
 
 
 @pytest.mark.parametrize("where", ["models/m/versions/1", "models/m/versions/1/hf",
@@ -179,22 +144,15 @@ def test_verify_reports_a_link_out_of_the_store(mreg: Any, model_dir: Path, stor
                                                 where: str) -> None:
     mreg("convert", model_dir, "--to", "hf", "--name", "m")
     outside = tmp_path / "outside"
-    if where.endswith(".json"):  # a file: the same bytes, but not the store's
-        outside.mkdir()
-        shutil.copy(store_root / where, outside / "config.json")
-        os.chmod(store_root / where, 0o644)
-        os.unlink(store_root / where)
-        os.symlink(outside / "config.json", store_root / where)
-    else:
-        _link_out(store_root, outside, where)
-    kept = _files(outside)
+    link_out(store_root, where, outside)
+    kept = files(outside)
     for args in (["m@1"], ["--all"]):
         r = mreg("verify", *args, "--json")
-        _refused(r, "m@1")
+        refused(r, "m@1")
         (report,) = r.json["versions"]
         assert report["ok"] is False and (report["version"], report["name"]) == (1, "m")
         assert any("symlink" in p and str(outside) in p for p in report["problems"]), report["problems"]
     if not where.endswith(".json"):  # a version read through a link: every reader refuses it
-        _refused(mreg("show", "m@1", "--json"), "symlink")
-        _refused(mreg("resolve", "m@1", "--json"), "symlink")
-    assert _files(outside) == kept
+        refused(mreg("show", "m@1", "--json"), "symlink")
+        refused(mreg("resolve", "m@1", "--json"), "symlink")
+    assert files(outside) == kept
