@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from registry import atomic, layout
@@ -82,11 +82,13 @@ def verify_version(store: LocalStore, version: Version, progress: Progress | Non
             if (bst.st_dev, bst.st_ino) != (st.st_dev, st.st_ino) and sha256_file(blob) != f.sha256:
                 problems.append(f"blob {f.sha256[:12]}…: content does not match its name")
     progress.done()
+    # Directories on the way to the manifest's files: a link there was reported through each of its files.
+    on_the_way = {d.as_posix() for rel in expected for d in PurePosixPath(rel).parents}
     for dirpath, dirs, files in os.walk(root):  # walk does not follow links to directories: report them
         for fn in files + dirs:
             p = Path(dirpath) / fn
             rel = p.relative_to(root).as_posix()
-            if rel in expected:
+            if rel in expected or rel in on_the_way:
                 continue
             if p.is_symlink():
                 links.append(f"{rel}: {atomic.describe_link(store.root, p)}, not in the manifest")

@@ -42,6 +42,18 @@ def test_verify_missing_and_extra_files(mreg: Any, model_dir: Path, store_root: 
     assert "hf/config.json: missing" in problems and "hf/extra.bin: not in the manifest" in problems
 
 
+def test_verify_reports_a_linked_directory_that_is_not_in_the_manifest(mreg: Any, model_dir: Path,
+                                                                       store_root: Path) -> None:
+    mreg("convert", model_dir, "--to", "hf", "--name", "m")
+    os.symlink(model_dir, store_root / "models/m/versions/1/hf/more")  # the walk does not descend into it
+    r = mreg("verify", "m@1", "--json")
+    refused(r, "m@1")
+    assert r.json["versions"][0]["problems"] == [
+        f"hf/more: {store_root}/models/m/versions/1/hf/more is a symlink to {os.path.realpath(model_dir)} "
+        "(outside the store), not in the manifest"]
+    assert "remove each symlink" in r.json["error"]["hint"]
+
+
 def test_verify_needs_a_target(mreg: Any) -> None:
     assert mreg("verify").exit_code == 2
 
