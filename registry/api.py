@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from registry import config
-from registry.errors import NotFound, UsageError
+from registry.errors import IntegrityError, NotFound, UsageError
 from registry.progress import Progress
-from registry.refs import check_alias, check_name, is_name, parse_ref
+from registry.refs import Ref, check_alias, check_name, is_name, parse_ref
 
 if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     import threading
@@ -218,14 +218,28 @@ def resolve(store: Store, ref: str, *, fmt: str = "hf", physical: bool = False) 
 def verify(store: Store, refs: Sequence[str] = (), *, all_versions: bool = False,
            progress: Progress | None = None) -> list[VerifyReport]:
     """Re-hash every file of these versions (local) or every blob (S3); a report per version."""
+    from registry.store.verify import VerifyReport
     from registry.store.verify import verify as run
 
     if not refs and not all_versions:
         raise UsageError("nothing to verify", hint="give NAME@REF arguments or --all")
-    versions = [store.resolve(parse_ref(r)) for r in refs]
+    versions = [_readable(store, parse_ref(r)) for r in refs]
     if all_versions:
-        versions += [store.version(m, n) for m in store.models() for n in store.versions(m)]
-    return [run(store, v, progress) for v in versions]
+        versions += [_readable(store, Ref(m, str(n))) for m in store.models() for n in store.versions(m)]
+    return [v if isinstance(v, VerifyReport) else run(store, v, progress) for v in versions]
+
+
+def _readable(store: Store, ref: Ref) -> Version | VerifyReport:
+    """The version a reference names or, when reading it already fails an integrity check, its failed report."""
+    from registry.store.verify import unreadable
+
+    try:
+        return store.resolve(ref)
+    except IntegrityError as e:  # a report, not a crash: `verify --all` still checks every other version
+        number = ref.number if ref.number is not None else store.alias(ref.name, ref.ref)
+        if number is None:
+            raise
+        return unreadable(ref.name, number, e)
 
 
 def gc(store: Store, *, keep_history: int = 10, keep_latest: int = 3, grace_hours: float = 24.0,

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from registry.errors import InsufficientSpace
+from registry.errors import InsufficientSpace, IntegrityError
 
 
 def temp_name(dest: Path, tag: str = "tmp") -> Path:
@@ -45,7 +45,7 @@ def sweep(directory: Path, tag: str) -> list[Path]:
         if m is None or m["tag"] != tag or not _abandoned(p, m["host"], int(m["pid"])):
             continue
         if p.is_dir() and not p.is_symlink():
-            remove_tree(p)
+            remove_tree(p, root=directory)
         else:
             p.unlink(missing_ok=True)
         removed.append(p)
@@ -146,8 +146,45 @@ def flock(path: Path, *, shared: bool = False, blocking: bool = True) -> Iterato
         os.close(fd)
 
 
-def remove_tree(path: Path) -> None:
-    """Remove a tree that holds read-only files and directories (blobs, published versions); absent is fine."""
+def first_link(root: Path, path: Path) -> Path | None:
+    """The first symlink on the way from `root` down to `path` (`path` included), or None when there is none."""
+    here = root
+    for part in path.relative_to(root).parts:
+        here = here / part
+        if here.is_symlink():
+            return here
+    return None
+
+
+def describe_link(root: Path, link: Path) -> str:
+    """`link` and where it leads, relative to the store `root`: the core of every message about a stray link."""
+    target = os.path.realpath(link)
+    real_root = os.path.realpath(root)
+    where = "inside" if os.path.commonpath([target, real_root]) == real_root else "outside"
+    return f"{link} is a symlink to {target} ({where} the store)"
+
+
+def require_no_link(root: Path, path: Path, what: str) -> Path:
+    """`path`, once proven to be where it seems under `root` (no symlink on the way); else IntegrityError."""
+    link = first_link(root, path)
+    if link is None:
+        return path
+    raise IntegrityError(
+        f"{what}: {describe_link(root, link)}; mreg never makes one there and will not follow it",
+        hint=f"if nobody meant it, remove the link itself (`rm {link}`, no trailing slash: its target is left alone), "
+             "then run `mreg verify --all`",
+        details={"link": str(link), "target": os.path.realpath(link)},
+    )
+
+
+def remove_tree(path: Path, *, root: Path) -> None:
+    """Remove a tree that holds read-only files and directories (blobs, published versions); absent is fine.
+
+    `path` must lie under `root` with no symlink on the way (IntegrityError otherwise): rmtree never follows
+    a link inside the tree, so that check is what keeps it from deleting anything outside `root`.
+    """
+    require_no_link(root, path, "refusing to delete")
+
     def onexc(func: object, p: str, exc: BaseException) -> None:
         # Blobs and published files are read-only; make their directories writable to remove them.
         parent = os.path.dirname(p)
@@ -158,5 +195,5 @@ def remove_tree(path: Path) -> None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p)
 
-    if path.exists() or path.is_symlink():
+    if path.exists():
         shutil.rmtree(path, onerror=lambda f, p, e: onexc(f, p, e[1]))

@@ -34,7 +34,7 @@ class NotFound(MregError, LookupError):
 
 
 class IntegrityError(MregError):
-    """Bytes on disk or on the wire do not match their recorded digest."""
+    """Bytes on disk or on the wire do not match their recorded digest, or are not where they claim to be."""
 
     exit_code = 4
 
@@ -117,7 +117,8 @@ EXIT_CODES: dict[int, str] = {
     1: "error",
     2: "usage or configuration error",
     3: "not found (model, version, alias, repository, revision)",
-    4: "integrity failure (a digest does not match)",
+    4: "integrity failure (a digest does not match, a symlink leads out of the store, a remote object disagrees "
+       "with its key)",
     5: "conflict: lost a race with another writer, or --expect did not hold",
     6: "refused by a promotion gate",
     7: "not enough free space",

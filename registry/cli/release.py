@@ -12,7 +12,7 @@ from registry.cli.group import ReportedFailure
 from registry.cli.options import any_store, config_option, json_option, local_store, settings_for, store_option
 from registry.cli.render import Output, table
 from registry.convert import formats
-from registry.errors import CheckFailed, MregError
+from registry.errors import CheckFailed, IntegrityError, MregError
 from registry.refs import check_alias, check_name
 from registry.release.expect import parse_expect
 
@@ -87,7 +87,8 @@ def mount_check_cmd(name: str, alias: str, mount_root: str | None, full: bool, c
     The contract: mount the store root (read-only is enough), point the engine at
     models/NAME/ALIAS/FORMAT/…; the alias is a relative link inside the root; nothing under the
     model is a separate mount (a subPath or single-file mount never sees a flip). Exit 1 on a
-    violation.
+    violation; exit 4 when a symlink leads out of its place (the alias out of the root, or one on
+    the way to the version's files): an engine would serve what is not the store's.
     """
     from registry.serving.mount import mount_check
 
@@ -95,15 +96,22 @@ def mount_check_cmd(name: str, alias: str, mount_root: str | None, full: bool, c
     check_alias(alias)
     report = mount_check(local_store(settings_for(config_path, store=store)), name, alias, mount_root=mount_root,
                          verify=full)
+    failure: MregError | None = None
+    if report.escapes:  # an engine would serve bytes that are not the store's: an integrity failure
+        failure = IntegrityError(f"{name} {alias}: a symlink leads out of its place in the store",
+                                 hint="remove each symlink named above (`rm LINK`, no trailing slash: its target "
+                                      "stays), then re-publish or re-sync the version and promote it")
+    elif not report.ok:
+        failure = MregError(f"{name} {alias} does not meet the mount contract",
+                            hint="see the problems above and the README's serving section")
     doc = {"name": name, "alias": alias, "version": report.version, "ok": report.ok,
            "problems": list(report.problems), "paths": report.paths}
     Output(as_json).result(doc, lambda: "\n".join(
         ([f"✓ {name} {alias} → {report.version} meets the mount contract"] if report.ok else
          [f"✗ {name} {alias}:"] + [f"    {p}" for p in report.problems])
-        + [f"  {fmt:<9} {path}" for fmt, path in report.paths.items()]))
-    if not report.ok:
-        raise ReportedFailure(MregError(f"{name} {alias} does not meet the mount contract",
-                                        hint="see the problems above and the README's serving section"))
+        + [f"  {fmt:<9} {path}" for fmt, path in report.paths.items()]), failure=failure)
+    if failure is not None:
+        raise ReportedFailure(failure)
 
 
 @click.command("rollback")

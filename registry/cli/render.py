@@ -24,9 +24,11 @@ class Output:
     def __init__(self, json_mode: bool) -> None:
         self.json = json_mode
 
-    def result(self, doc: dict[str, Any], human: Callable[[], str] | str) -> None:
-        """Print the command's result."""
+    def result(self, doc: dict[str, Any], human: Callable[[], str] | str, *, failure: MregError | None = None) -> None:
+        """Print the command's result; a report that fails (`failure`) carries its error in the same document."""
         if self.json:
+            if failure is not None:  # CI reads one document: the report and, as for any failure, its "error"
+                doc = {**doc, "error": error_doc(failure)}
             sys.stdout.write(json.dumps({"schema_version": SCHEMA_VERSION, **doc}, default=str) + "\n")
         else:
             text = human() if callable(human) else human
@@ -48,11 +50,16 @@ class Output:
 
     def document(self, err: MregError) -> None:
         """The error as the one JSON document on stdout."""
-        error: dict[str, Any] = {"type": type(err).__name__, "message": str(err), "hint": err.hint,
-                                 "exit_code": err.exit_code}
-        if err.details is not None:
-            error["details"] = err.details
-        sys.stdout.write(json.dumps({"schema_version": SCHEMA_VERSION, "error": error}, default=_encode) + "\n")
+        sys.stdout.write(json.dumps({"schema_version": SCHEMA_VERSION, "error": error_doc(err)}) + "\n")
+
+
+def error_doc(err: MregError) -> dict[str, Any]:
+    """An error as `--json` writes it, ready for json.dumps (its details already encoded)."""
+    error: dict[str, Any] = {"type": type(err).__name__, "message": str(err), "hint": err.hint,
+                             "exit_code": err.exit_code}
+    if err.details is not None:
+        error["details"] = json.loads(json.dumps(err.details, default=_encode))
+    return error
 
 
 class BarProgress:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,6 +13,9 @@ from registry.cli.render import Output, table
 from registry.errors import IntegrityError, ModelNotFound, NotFound
 from registry.refs import check_name, parse_ref
 from registry.units import human_size
+
+if TYPE_CHECKING:
+    from registry.store.verify import VerifyReport
 
 
 @click.command("list")
@@ -138,17 +141,25 @@ def verify_cmd(refs: tuple[str, ...], all_: bool, config_path: str | None, store
     st = any_store(settings_for(config_path, store=store))
     reports = api.verify(st, refs, all_versions=all_, progress=progress_for(as_json))
     bad = [r for r in reports if not r.ok]
+    failure = _verify_failure(reports) if bad else None
     docs = [{"name": r.name, "version": r.version, "files": r.files, "bytes": r.bytes, "ok": r.ok,
              "problems": list(r.problems)} for r in reports]
     Output(as_json).result({"ok": not bad, "versions": docs}, lambda: "\n".join(
         (f"✓ {r.name}@{r.version}: {r.files} files, {human_size(r.bytes)} match their digests" if r.ok else
-         f"✗ {r.name}@{r.version}:\n" + "\n".join(f"    {p}" for p in r.problems)) for r in reports))
-    if bad:
-        raise ReportedFailure(IntegrityError(
-            f"{len(bad)} of {len(reports)} version(s) failed verification: "
-            + ", ".join(f"{r.name}@{r.version}" for r in bad),
-            hint="re-publish the damaged versions from their source (`mreg convert`), then `mreg gc --yes`",
-        ))
+         f"✗ {r.name}@{r.version}:\n" + "\n".join(f"    {p}" for p in r.problems)) for r in reports),
+        failure=failure)
+    if failure is not None:
+        raise ReportedFailure(failure)
+
+
+def _verify_failure(reports: list[VerifyReport]) -> IntegrityError:
+    """The one error line of a failed verification, with the next step for what was found."""
+    bad = [r for r in reports if not r.ok]
+    hint = "re-publish the damaged versions from their source (`mreg convert`), then `mreg gc --yes`"
+    if any(r.links for r in bad):  # gc refuses while they are there; removing a link leaves its target alone
+        hint = "remove each symlink named above (`rm LINK`, no trailing slash: its target stays), " + hint
+    return IntegrityError(f"{len(bad)} of {len(reports)} version(s) failed verification: "
+                          + ", ".join(f"{r.name}@{r.version}" for r in bad), hint=hint)
 
 
 @click.command("gc")

@@ -62,6 +62,10 @@ class Bucket:
         """The object key of a path inside the store."""
         return "/".join(p for p in (self.prefix, *parts) if p)
 
+    def url(self, key: str) -> str:
+        """The s3:// URL of an object: what an error names."""
+        return f"s3://{self.bucket}/{key}"
+
     def _get_object(self, key: str, doing: str, missing_ok: bool) -> dict[str, Any] | None:
         try:
             r: dict[str, Any] = self.s3.get_object(Bucket=self.bucket, Key=key)

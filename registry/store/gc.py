@@ -3,6 +3,12 @@
 Never removes a version an alias points to, one named by the last N history entries, or one of
 the newest K versions of a model; never touches a staging tree whose writer still holds its lock;
 runs only while no publisher holds the store's writer lock.
+
+Nothing is deleted that gc has not proven to be inside the store: a symlink where mreg keeps a version, an
+artifact, a blob directory or an interrupted write makes the plan (and so `gc --yes`) an IntegrityError
+before anything is removed, and every removal re-checks its own path. Refusing, rather than skipping that
+version, is on purpose: the store was changed by someone other than mreg, and the operator should look
+before anything is deleted.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ def plan_gc(store: LocalStore, *, keep_history: int = 10, keep_latest: int = 3) 
                 recent.add(e.from_version)
         newest = set(numbers[-keep_latest:]) if keep_latest > 0 else set()
         for n in numbers:
+            store.checked_version_dir(name, n)  # the removable ones too: their trees are what gc deletes
             if n in aliased:
                 why = f"alias {aliased[n]}"
             elif n in recent:
@@ -78,8 +85,10 @@ def plan_gc(store: LocalStore, *, keep_history: int = 10, keep_latest: int = 3) 
 def _stale_staging(store: LocalStore) -> list[Path]:
     if not store.tmp.is_dir():
         return []
+    atomic.require_no_link(store.root, store.tmp, "interrupted writes")
     out = []
     for p in sorted(store.tmp.iterdir()):
+        atomic.require_no_link(store.root, p, "interrupted write")
         if p.is_dir():
             with atomic.flock(store.tmp / (p.name + ".lock"), blocking=False) as got:
                 if got:
@@ -97,16 +106,17 @@ def execute_gc(store: LocalStore, plan: GCPlan) -> GCPlan:
             with store.alias_lock(name):
                 if n in store.aliases(name).values():
                     continue
-                vdir = layout.version_dir(store.root, name, n)
+                vdir = store.checked_version_dir(name, n)  # again: the tree may have changed since the plan
                 manifest = vdir / layout.MANIFEST
                 if not manifest.exists():
                     continue
                 manifest.unlink()  # the version is invisible from here on
                 atomic.fsync_dir(vdir)
                 for child in list(vdir.iterdir()):
-                    if child.is_dir() and not child.is_symlink():
-                        atomic.remove_tree(child)
+                    if child.is_dir():
+                        atomic.remove_tree(child, root=store.root)
                     else:
+                        atomic.require_no_link(store.root, child, f"{name}@{n}")
                         child.unlink()
                 (vdir / layout.TOMBSTONE).write_text("removed by mreg gc; the number is never reused\n")
                 removed_versions.append((name, n))
@@ -116,7 +126,7 @@ def execute_gc(store: LocalStore, plan: GCPlan) -> GCPlan:
             lock = store.tmp / (p.name + ".lock")
             with atomic.flock(lock, blocking=False) as free:
                 if free and p.exists():
-                    atomic.remove_tree(p)
+                    atomic.remove_tree(p, root=store.root)
                     removed_staging.append(s)
             with contextlib.suppress(FileNotFoundError):
                 if not p.exists():
@@ -130,8 +140,10 @@ def execute_gc(store: LocalStore, plan: GCPlan) -> GCPlan:
         for digest, size in plan.blobs:
             if digest in referenced:
                 continue
+            blob = layout.blob_path(store.root, digest)
+            atomic.require_no_link(store.root, blob.parent, "blobs")  # unlink(2) itself follows no link
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(layout.blob_path(store.root, digest))
+                os.unlink(blob)
                 removed_blobs.append((digest, size))
     return GCPlan(tuple(removed_versions), plan.kept, tuple(removed_blobs), tuple(removed_staging))
 

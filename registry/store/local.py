@@ -65,9 +65,23 @@ class LocalStore:
         d = layout.versions_dir(self.root, name)
         return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
 
+    def checked_version_dir(self, name: str, number: int) -> Path:
+        """A version's directory, proven to be where it seems: no symlink on the way, at its manifest or inside it.
+
+        mreg never makes a link there (files are hard links to blobs), so one is tampering or a mistake, and
+        following it would read, serve or delete what is not the store's.
+        """
+        vdir = layout.version_dir(self.root, name, number)
+        what = f"{name}@{number}"
+        atomic.require_no_link(self.root, vdir / layout.MANIFEST, what)
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for child in vdir.iterdir():
+                atomic.require_no_link(self.root, child, what)
+        return vdir
+
     def version(self, name: str, number: int) -> Version:
-        """One published version."""
-        path = layout.version_dir(self.root, name, number)
+        """One published version (IntegrityError when a link leads out of its place)."""
+        path = self.checked_version_dir(name, number)
         try:
             data = (path / layout.MANIFEST).read_bytes()
         except FileNotFoundError:
@@ -81,6 +95,8 @@ class LocalStore:
                 f"{name}@{number}: manifest does not parse: {str(e).splitlines()[0]}",
                 hint=f"run `mreg verify {name}@{number}`",
             ) from e
+        for art in manifest.artifacts:  # nested artifact paths: every directory on the way
+            atomic.require_no_link(self.root, path / art.path, f"{name}@{number}")
         return Version(name, number, manifest, hashlib.sha256(data).hexdigest(), str(path))
 
     def resolve(self, ref: Ref) -> Version:
@@ -187,6 +203,7 @@ class LocalStore:
         """Under the model's lock: reconcile, decide, flip the symlink, append the history entry."""
         if not layout.model_dir(self.root, name).is_dir():
             raise ModelNotFound(name)
+        atomic.require_no_link(self.root, layout.model_dir(self.root, name), f"model {name}")
         with self.alias_lock(name):
             current = self._reconciled(name, alias)
             entry = decide(current, lambda: self.history(name))
@@ -243,6 +260,7 @@ class LocalStore:
         """Make `src` (on this filesystem) the blob `sha256`, or replace it by a link to the existing blob."""
         dest = layout.blob_path(self.root, sha256)
         dest.parent.mkdir(parents=True, exist_ok=True)
+        atomic.require_no_link(self.root, dest.parent, "blobs")
         if verify:
             actual = sha256_file(src)
             if actual != sha256:
@@ -285,8 +303,7 @@ class LocalStore:
 
     def publish(self, staging: Staging, manifest: Manifest) -> Version:
         """Write the manifest into the staging tree and rename it onto the next free version number."""
-        vdir = layout.versions_dir(self.root, staging.name)
-        vdir.mkdir(parents=True, exist_ok=True)
+        vdir = self._versions_dir(staging.name)
         _fsync_tree_dirs(staging.path)
         taken = self._taken_numbers(staging.name)
         number = (taken[-1] + 1) if taken else 1
@@ -309,8 +326,7 @@ class LocalStore:
 
     def publish_exact(self, staging: Staging, manifest_raw: bytes, number: int) -> Version:
         """Publish a staging tree under a given number with these exact manifest bytes (mirroring a remote)."""
-        vdir = layout.versions_dir(self.root, staging.name)
-        vdir.mkdir(parents=True, exist_ok=True)
+        vdir = self._versions_dir(staging.name)
         atomic.write_bytes(staging.path / layout.MANIFEST, manifest_raw, mode=0o444)
         _fsync_tree_dirs(staging.path)
         try:
@@ -327,12 +343,20 @@ class LocalStore:
         staging.release()
         return self.version(staging.name, number)
 
+    def _versions_dir(self, name: str) -> Path:
+        """A model's versions directory, created if needed and proven to be inside the store (publish renames there)."""
+        vdir = layout.versions_dir(self.root, name)
+        vdir.mkdir(parents=True, exist_ok=True)
+        return atomic.require_no_link(self.root, vdir, f"model {name}")
+
     def blob_digests(self) -> Iterator[tuple[str, Path]]:
-        """Every blob in the store, with its path."""
+        """Every blob in the store, with its path (IntegrityError at a blob directory that is a symlink)."""
         d = layout.blobs_dir(self.root)
         if not d.is_dir():
             return
+        atomic.require_no_link(self.root, d, "blobs")
         for sub in sorted(d.iterdir()):
+            atomic.require_no_link(self.root, sub, "blobs")
             if sub.is_dir():
                 for p in sorted(sub.iterdir()):
                     if len(p.name) == 64 and not p.name.startswith("."):

@@ -84,13 +84,26 @@ class S3Store(Bucket):
             if not self.versions(name):
                 raise ModelNotFound(name)
             raise VersionNotFound(name, str(number))
-        try:
-            manifest = Manifest.model_validate_json(obj.data)
-        except ValueError as e:
-            raise IntegrityError(f"{name}@{number}: remote manifest does not parse",
-                                 hint=f"run `mreg verify {name}@{number} --store {self.location}`") from e
+        manifest = self.checked_manifest(name, number, obj.data)
         return Version(name, number, manifest, hashlib.sha256(obj.data).hexdigest(),
                        f"s3://{self.bucket}/{self.key(*layout.s3_version(name, number))}")
+
+    def checked_manifest(self, name: str, number: int, data: bytes) -> Manifest:
+        """The manifest read from `name`'s version `number`, once it parses and says it is that version.
+
+        A manifest names the local directory a sync writes and the number it publishes: one that
+        disagrees with its key would land in another model or leave a local alias dangling.
+        """
+        url = self.url(self.manifest_key(name, number))
+        try:
+            manifest = Manifest.model_validate_json(data)
+        except ValueError as e:
+            raise IntegrityError(f"{name}@{number}: remote manifest {url} does not parse",
+                                 hint=f"run `mreg verify {name}@{number} --store {self.location}`") from e
+        if (manifest.name, manifest.version) != (name, number):
+            raise IntegrityError(f"{url} says it is {manifest.name}@{manifest.version}, not {name}@{number}",
+                                 hint=_ALTERED.format(location=self.location))
+        return manifest
 
     def resolve(self, ref: Ref) -> Version:
         """The version a reference names."""
@@ -98,10 +111,33 @@ class S3Store(Bucket):
 
     def alias_record(self, name: str, alias: str) -> tuple[AliasRecord | None, str | None]:
         """An alias record and its ETag (both None when the alias does not exist)."""
-        obj = self.get(self.alias_key(name, alias))
+        key = self.alias_key(name, alias)
+        obj = self.get(key)
         if obj is None:
             return None, None
-        return AliasRecord.model_validate_json(obj.data), obj.etag
+        try:
+            rec = AliasRecord.model_validate_json(obj.data)
+        except ValueError as e:
+            raise IntegrityError(f"alias record {self.url(key)} does not parse",
+                                 hint=_ALTERED.format(location=self.location)) from e
+        if (rec.name, rec.alias) != (name, alias):
+            raise IntegrityError(f"{self.url(key)} says it is alias {rec.alias} of {rec.name}, not {alias} of {name}",
+                                 hint=_ALTERED.format(location=self.location))
+        return rec, obj.etag
+
+    def missing_target(self, name: str, alias: str, number: int) -> IntegrityError:
+        """The error for an alias record whose target version does not exist."""
+        return IntegrityError(
+            f"{self.url(self.alias_key(name, alias))} points to {name}@{number}, which does not exist in the store",
+            hint=f"point the alias at a version that exists (`mreg promote {name}@N --alias {alias} --store "
+                 f"{self.location}`); if nobody there moved it, find out who can write the bucket",
+        )
+
+    def _target(self, name: str, alias: str, rec: AliasRecord) -> int:
+        """An alias record's target, once its manifest is known to exist (HEAD)."""
+        if not self.exists(self.manifest_key(name, rec.version)):
+            raise self.missing_target(name, alias, rec.version)
+        return rec.version
 
     def aliases(self, name: str) -> dict[str, int]:
         """Every alias of a model and its target."""
@@ -111,13 +147,13 @@ class S3Store(Bucket):
             alias = o["Key"][len(base):].removesuffix(".json")
             rec, _ = self.alias_record(name, alias)
             if rec is not None:
-                out[alias] = rec.version
+                out[alias] = self._target(name, alias, rec)
         return dict(sorted(out.items()))
 
     def alias(self, name: str, alias: str) -> int | None:
-        """An alias's target."""
+        """An alias's target (IntegrityError when the record disagrees with its key or names no version)."""
         rec, _ = self.alias_record(name, alias)
-        return rec.version if rec else None
+        return self._target(name, alias, rec) if rec else None
 
     def history(self, name: str) -> list[HistoryEntry]:
         """Every alias change of a model, oldest first (merged from the alias records)."""
@@ -229,6 +265,11 @@ class S3Store(Bucket):
                 raise Conflict("a gc is running in this store", hint="retry the push when it has finished")
             time.sleep(1)
         return key
+
+
+#: The next step after finding a remote object that disagrees with the key it was read from.
+_ALTERED = ("the object was changed outside mreg: restore it from a good copy or delete it, then run "
+            "`mreg verify --all --store {location}`")
 
 
 def utcnow() -> dt.datetime:

@@ -38,6 +38,7 @@ class Staging:
         self.store = store
         self.name = name
         store.tmp.mkdir(parents=True, exist_ok=True)
+        atomic.require_no_link(store.root, store.tmp, "staging")  # a version must be built inside the store
         self.path = store.tmp / f"stage-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.lock_path = store.tmp / (self.path.name + ".lock")
         self._lock = contextlib.ExitStack()
@@ -52,7 +53,7 @@ class Staging:
 
     def discard(self) -> None:
         """Remove the staging tree and its lock."""
-        atomic.remove_tree(self.path)
+        atomic.remove_tree(self.path, root=self.store.root)
         self.release()
 
     def carry(self, art: Artifact) -> Artifact:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from manifests import HistoryEntry, Manifest
+from manifests import AliasRecord, HistoryEntry, Manifest
 from registry import layout, provenance
 from registry.digest import sha256_file, write_hashed
 from registry.errors import Conflict, IntegrityError, NotFound, StoreUnreachable
@@ -109,20 +109,32 @@ def sync(remote: S3Store, name: str, alias: str, local: LocalStore, *, progress:
     if rec is None:
         raise NotFound(f"{name} has no alias {alias} in {remote.location}",
                        hint=f"promote a version there first: `mreg promote {name}@N --store {remote.location}`")
-    obj = remote.get(remote.manifest_key(name, rec.version))
-    if obj is None or hashlib.sha256(obj.data).hexdigest() != rec.manifest_sha256:
-        raise IntegrityError(f"{remote.location}: {name}@{rec.version} does not match its alias record",
-                             hint=f"run `mreg verify {name}@{rec.version} --store {remote.location}`")
-    manifest = Manifest.model_validate_json(obj.data)
+    manifest, raw = _aliased_manifest(remote, name, alias, rec)
     downloaded = (0, 0)
     have = _local_version(local, name, rec.version)
     if have is None:
-        downloaded = _materialize(remote, local, manifest, obj.data, progress, workers)
+        downloaded = _materialize(remote, local, manifest, raw, progress, workers)
     elif have != rec.manifest_sha256:
         raise Conflict(f"the local store already has a different {name}@{rec.version}",
                        hint="sync into a store used only for syncing from this remote")
     _, entry = local_flip(local, name, alias, rec.version)
     return SyncOutcome(rec.version, entry is not None, downloaded[0], downloaded[1], entry)
+
+
+def _aliased_manifest(remote: S3Store, name: str, alias: str, rec: AliasRecord) -> tuple[Manifest, bytes]:
+    """The manifest an alias record points to and its bytes, checked against the record and its own key.
+
+    Everything local is written from it (the model's directory, the number, the alias), so it is checked
+    before anything is.
+    """
+    obj = remote.get(remote.manifest_key(name, rec.version))
+    if obj is None:
+        raise remote.missing_target(name, alias, rec.version)
+    if hashlib.sha256(obj.data).hexdigest() != rec.manifest_sha256:
+        raise IntegrityError(f"{remote.url(remote.manifest_key(name, rec.version))} does not match the digest in "
+                             f"its alias record {remote.url(remote.alias_key(name, alias))}",
+                             hint=f"run `mreg verify {name}@{rec.version} --store {remote.location}`")
+    return remote.checked_manifest(name, rec.version, obj.data), obj.data
 
 
 def _local_version(local: LocalStore, name: str, number: int) -> str | None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from registry import layout
+from registry import atomic, layout
 from registry.digest import sha256_file
+from registry.errors import IntegrityError
 from registry.progress import NoProgress, Progress
 from registry.store.local import LocalStore
 from registry.store.parallel import parallel
@@ -29,6 +30,8 @@ class VerifyReport:
     files: int
     bytes: int
     problems: tuple[str, ...] = field(default=())
+    #: The problems that are symlinks where the version keeps files (also in `problems`): mreg follows none.
+    links: tuple[str, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
@@ -41,6 +44,7 @@ def verify_version(store: LocalStore, version: Version, progress: Progress | Non
     progress = progress or NoProgress()
     root = Path(version.path)
     problems: list[str] = []
+    links: list[str] = []
     expected: set[str] = {layout.MANIFEST}
     total = sum(f.size for a in version.manifest.artifacts for f in a.files)
     progress.start(f"verifying {version.name}@{version.number}", total)
@@ -51,7 +55,11 @@ def verify_version(store: LocalStore, version: Version, progress: Progress | Non
             expected.add(rel)
             count += 1
             p = root / rel
-            if p.is_symlink() or not p.is_file():
+            link = atomic.first_link(store.root, p)
+            if link is not None:  # hashing it would vouch for bytes that are not the store's
+                links.append(f"{rel}: {atomic.describe_link(store.root, link)}, not a file of the version")
+                continue
+            if not p.is_file():
                 problems.append(f"{rel}: missing")
                 continue
             st = p.stat()
@@ -63,6 +71,9 @@ def verify_version(store: LocalStore, version: Version, progress: Progress | Non
             if actual != f.sha256:
                 problems.append(f"{rel}: sha256 {actual[:12]}…, manifest says {f.sha256[:12]}…")
             blob = layout.blob_path(store.root, f.sha256)
+            if (link := atomic.first_link(store.root, blob)) is not None:
+                links.append(f"blob {f.sha256[:12]}…: {atomic.describe_link(store.root, link)}")
+                continue
             try:
                 bst = blob.stat()
             except FileNotFoundError:
@@ -71,12 +82,25 @@ def verify_version(store: LocalStore, version: Version, progress: Progress | Non
             if (bst.st_dev, bst.st_ino) != (st.st_dev, st.st_ino) and sha256_file(blob) != f.sha256:
                 problems.append(f"blob {f.sha256[:12]}…: content does not match its name")
     progress.done()
-    for dirpath, _dirs, files in os.walk(root):
-        for fn in files:
-            rel = (Path(dirpath) / fn).relative_to(root).as_posix()
-            if rel not in expected:
+    # Directories on the way to the manifest's files: a link there was reported through each of its files.
+    on_the_way = {d.as_posix() for rel in expected for d in PurePosixPath(rel).parents}
+    for dirpath, dirs, files in os.walk(root):  # walk does not follow links to directories: report them
+        for fn in files + dirs:
+            p = Path(dirpath) / fn
+            rel = p.relative_to(root).as_posix()
+            if rel in expected or rel in on_the_way:
+                continue
+            if p.is_symlink():
+                links.append(f"{rel}: {atomic.describe_link(store.root, p)}, not in the manifest")
+            elif fn in files:
                 problems.append(f"{rel}: not in the manifest")
-    return VerifyReport(version.name, version.number, count, total, tuple(problems))
+    return VerifyReport(version.name, version.number, count, total, tuple(problems + links), tuple(links))
+
+
+def unreadable(name: str, number: int, error: IntegrityError) -> VerifyReport:
+    """The report of a version whose reading already failed its integrity checks (a link out of its place)."""
+    is_link = bool(error.details and "link" in error.details)
+    return VerifyReport(name, number, 0, 0, (str(error),), (str(error),) if is_link else ())
 
 
 def verify(store: Store, version: Version, progress: Progress | None = None) -> VerifyReport:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.hostile import files, link_out, refused
 
 
 class FileEngine:
@@ -144,6 +145,21 @@ def test_mount_check(mreg: Any, versions: str, store_root: Path) -> None:
     os.symlink(os.path.relpath(outside, link.parent), link)
     assert "outside the store root" in " ".join(mreg("mount-check", "m", "--json").json["problems"])
     assert mreg("mount-check", "m", "--alias", "staging").exit_code == 1
+
+
+@pytest.mark.parametrize("where", ["versions/2", "versions/2/hf", "versions/2/hf/config.json"])
+def test_mount_check_refuses_a_link_out_of_the_store(mreg: Any, versions: str, store_root: Path, tmp_path: Path,
+                                                     where: str) -> None:
+    mreg("promote", "m@2")
+    outside = tmp_path / "outside"
+    link_out(store_root / "models/m", where, outside)
+    kept = files(outside)
+    for full in ([], ["--verify"]):
+        r = mreg("mount-check", "m", *full, "--json")
+        refused(r, "m production")
+        assert r.json["ok"] is False
+        assert any("symlink" in p and str(outside) in p for p in r.json["problems"]), r.json["problems"]
+    assert files(outside) == kept
 
 
 def test_alias_resolves_inside_a_bind_mount_and_sub_mounts_are_flagged(mreg: Any, versions: str,

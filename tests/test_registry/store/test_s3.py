@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import itertools
 import json
 import multiprocessing as mp
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 from support import workers
+from support.hostile import files, refused
 from support.s3_server import SeaweedS3
 
 from registry import layout
@@ -236,6 +239,60 @@ def test_corrupt_remote_blob_is_never_published_locally(mreg: Any, model_dir: Pa
     assert not [p for p in (node / "tmp").iterdir() if p.is_dir()], "the staging tree was discarded"
     v = mreg("verify", "m@1", "--store", remote_url, "--json")
     assert v.exit_code == 4 and "corrupt" in v.json["versions"][0]["problems"][0]
+
+
+def _rewrite(s3server: SeaweedS3, key: str, **changes: Any) -> bytes:
+    """Change fields of a JSON object behind mreg's back (what anyone who can write the bucket can do)."""
+    client = s3server.client()
+    doc = json.loads(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    data = json.dumps({**doc, **changes}).encode()
+    client.put_object(Bucket=BUCKET, Key=key, Body=data)
+    return data
+
+
+@contextlib.contextmanager
+def _restored(s3server: SeaweedS3, *keys: str) -> Iterator[None]:
+    """Put these objects back as they were afterwards: one pushed version serves every tampering."""
+    client = s3server.client()
+    saved = {k: client.get_object(Bucket=BUCKET, Key=k)["Body"].read() for k in keys}
+    try:
+        yield
+    finally:
+        for k, data in saved.items():
+            client.put_object(Bucket=BUCKET, Key=k, Body=data)
+
+
+def test_a_manifest_that_disagrees_with_its_key_is_refused_before_anything_local(
+        mreg: Any, model_dir: Path, remote_url: str, s3server: SeaweedS3, tmp_path: Path) -> None:
+    _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
+    store = S3Store(remote_url)
+    key, alias_key = store.manifest_key("m", 1), store.alias_key("m", "production")
+    node = tmp_path / "node"
+    for change in ({"version": 2}, {"name": "other"}):
+        with _restored(s3server, key, alias_key):
+            data = _rewrite(s3server, key, **change)
+            # The alias record is made to match the new bytes: only the key can give the manifest away.
+            _rewrite(s3server, alias_key, manifest_sha256=hashlib.sha256(data).hexdigest())
+            refused(mreg("sync", remote_url, "m", "--store", node, "--json"), key)
+            assert files(node) == {}, f"{change}: nothing may be written locally"
+            refused(mreg("show", "m@production", "--store", remote_url, "--json"), key)
+            r = mreg("verify", "m@1", "--store", remote_url, "--json")
+            refused(r, "m@1")
+            assert key in r.json["versions"][0]["problems"][0]
+
+
+def test_an_alias_record_that_disagrees_with_its_key_or_names_no_version_is_refused(
+        mreg: Any, model_dir: Path, remote_url: str, s3server: SeaweedS3, tmp_path: Path) -> None:
+    _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
+    key = S3Store(remote_url).alias_key("m", "production")
+    node = tmp_path / "node"
+    for change in ({"version": 7}, {"name": "other"}, {"alias": "staging"}):
+        with _restored(s3server, key):
+            _rewrite(s3server, key, **change)
+            refused(mreg("sync", remote_url, "m", "--store", node, "--json"), key)
+            assert files(node) == {}, f"{change}: nothing may be written locally"
+            refused(mreg("show", "m@production", "--store", remote_url, "--json"), key)
+            refused(mreg("list", "m", "--store", remote_url, "--json"), key)
 
 
 def test_a_download_cut_mid_body_exits_9_and_publishes_nothing(

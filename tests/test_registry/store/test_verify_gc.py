@@ -6,6 +6,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+from support.hostile import files, link_out, refused
+
 from registry import atomic, layout
 from registry.store.local import LocalStore
 
@@ -37,6 +40,18 @@ def test_verify_missing_and_extra_files(mreg: Any, model_dir: Path, store_root: 
     (vdir / "hf/extra.bin").write_bytes(b"x")
     problems = mreg("verify", "m@1", "--json").json["versions"][0]["problems"]
     assert "hf/config.json: missing" in problems and "hf/extra.bin: not in the manifest" in problems
+
+
+def test_verify_reports_a_linked_directory_that_is_not_in_the_manifest(mreg: Any, model_dir: Path,
+                                                                       store_root: Path) -> None:
+    mreg("convert", model_dir, "--to", "hf", "--name", "m")
+    os.symlink(model_dir, store_root / "models/m/versions/1/hf/more")  # the walk does not descend into it
+    r = mreg("verify", "m@1", "--json")
+    refused(r, "m@1")
+    assert r.json["versions"][0]["problems"] == [
+        f"hf/more: {store_root}/models/m/versions/1/hf/more is a symlink to {os.path.realpath(model_dir)} "
+        "(outside the store), not in the manifest"]
+    assert "remove each symlink" in r.json["error"]["hint"]
 
 
 def test_verify_needs_a_target(mreg: Any) -> None:
@@ -99,3 +114,57 @@ def test_gc_refuses_while_a_publish_is_running(mreg: Any, model_dir: Path, store
     with atomic.flock(store_root / layout.GC_LOCK, shared=True):
         r = mreg("gc", "--yes")
     assert r.exit_code == 5 and "publish is in progress" in r.stderr
+
+
+# -- links out of the store (issue #15) ------------------------------------------------------
+
+
+def _two_versions(mreg: Any, model_dir: Path) -> None:
+    for i in range(2):
+        (model_dir / "config.json").write_text(f'{{"i": {i}}}')
+        assert mreg("convert", model_dir, "--to", "hf", "--name", "m").exit_code == 0
+
+
+def _fan_of_v1_config(store_root: Path) -> str:
+    """The blob fan-out directory that holds version 1's config (a blob gc would remove)."""
+    v1 = LocalStore(store_root).version("m", 1).manifest.artifacts[0]
+    digest = next(f.sha256 for f in v1.files if f.path == "config.json")
+    return layout.blob_path(store_root, digest).parent.relative_to(store_root).as_posix()
+
+
+@pytest.mark.parametrize("where", ["models/m/versions/1", "models/m", "models/m/versions/1/hf", "blobs", "tmp"])
+def test_gc_refuses_a_link_out_of_the_store_and_deletes_nothing(mreg: Any, model_dir: Path, store_root: Path,
+                                                                 tmp_path: Path, where: str) -> None:
+    _two_versions(mreg, model_dir)  # with --keep-latest 1 gc would remove version 1
+    rel = {"blobs": _fan_of_v1_config(store_root), "tmp": "tmp/stage-host-1-dead"}.get(where, where)
+    if where == "tmp":
+        (store_root / rel / "hf").mkdir(parents=True)
+        (store_root / rel / "hf/partial").write_bytes(b"half")
+    outside = tmp_path / "outside"
+    link_out(store_root, rel, outside)
+    kept_outside, kept_store = files(outside), files(store_root)
+    for dry in ([], ["--yes"]):
+        r = mreg("gc", "--keep-latest", "1", "--keep-history", "0", *dry, "--json")
+        refused(r, "symlink", rel)
+    assert files(outside) == kept_outside, "gc deleted files outside the store"
+    assert files(store_root) == kept_store, "gc deleted part of the store although it refused"
+
+
+@pytest.mark.parametrize("where", ["models/m/versions/1", "models/m/versions/1/hf",
+                                   "models/m/versions/1/hf/config.json"])
+def test_verify_reports_a_link_out_of_the_store(mreg: Any, model_dir: Path, store_root: Path, tmp_path: Path,
+                                                where: str) -> None:
+    mreg("convert", model_dir, "--to", "hf", "--name", "m")
+    outside = tmp_path / "outside"
+    link_out(store_root, where, outside)
+    kept = files(outside)
+    for args in (["m@1"], ["--all"]):
+        r = mreg("verify", *args, "--json")
+        refused(r, "m@1")
+        (report,) = r.json["versions"]
+        assert report["ok"] is False and (report["version"], report["name"]) == (1, "m")
+        assert any("symlink" in p and str(outside) in p for p in report["problems"]), report["problems"]
+    if not where.endswith(".json"):  # a version read through a link: every reader refuses it
+        refused(mreg("show", "m@1", "--json"), "symlink")
+        refused(mreg("resolve", "m@1", "--json"), "symlink")
+    assert files(outside) == kept
