@@ -44,7 +44,8 @@ class HFConverter(ConverterBase):
                               if f.path.endswith(".safetensors")})
         problems = [f"mismatched: {', '.join(mismatched)}"] if mismatched else []
         problems += weights.problems(found)
-        notes = [f"{label} not read as safetensors ({why}): no loader reads it" for label, why in found.unreadable.items()]
+        notes = [f"{label} not read as safetensors ({why}): no loader reads it"
+                 for label, why in found.unreadable.items()]
         return ConversionResult(
             verification=Verification(
                 status="failed" if problems else "passed",

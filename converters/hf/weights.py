@@ -128,8 +128,8 @@ def scan(files: Mapping[str, Path], workers: int = WORKERS) -> Scan:
     for label, path in files.items():
         try:
             extents += float_extents(path)
-        except NotSafetensors as e:
-            out.unreadable[label] = str(e)
+        except NotSafetensors as why:
+            out.unreadable[label] = str(why)
     out.tensors = len(extents)
     fds = {p: os.open(p, os.O_RDONLY) for p in {e.path for e in extents}}
     try:
@@ -147,7 +147,8 @@ def scan(files: Mapping[str, Path], workers: int = WORKERS) -> Scan:
 
 def problems(found: Scan, limit: int = 10) -> list[str]:
     """One line per tensor with NaN or Inf values (the first `limit`, then how many more)."""
-    lines = [f"tensor {name} has {n} NaN/Inf value{'s' * (n != 1)}" for name, n in list(found.nonfinite.items())[:limit]]
+    first = list(found.nonfinite.items())[:limit]
+    lines = [f"tensor {name} has {n} NaN/Inf value{'s' * (n != 1)}" for name, n in first]
     if len(found.nonfinite) > limit:
         lines.append(f"and {len(found.nonfinite) - limit} more tensors with NaN/Inf values")
     return lines
