@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,8 +100,9 @@ def _chunks(extent: Extent) -> Iterator[tuple[Extent, int, int]]:
     """Byte ranges of whole elements of one tensor, CHUNK_BYTES at most."""
     width = np.dtype(NONFINITE_BITS[extent.dtype][0]).itemsize
     stop = extent.start + (extent.stop - extent.start) // width * width
-    for start in range(extent.start, stop, CHUNK_BYTES):
-        yield extent, start, min(stop, start + CHUNK_BYTES)
+    step = max(width, CHUNK_BYTES // width * width)
+    for start in range(extent.start, stop, step):
+        yield extent, start, min(stop, start + step)
 
 
 def count_nonfinite(fd: int, dtype: str, start: int, stop: int) -> int:
@@ -131,6 +132,13 @@ def scan(files: Mapping[str, Path], workers: int = WORKERS) -> Scan:
         except NotSafetensors as why:
             out.unreadable[label] = str(why)
     out.tensors = len(extents)
+    out.nonfinite = count_extents(extents, workers)
+    return out
+
+
+def count_extents(extents: Sequence[Extent], workers: int = WORKERS) -> dict[str, int]:
+    """Tensor name -> its NaN/Inf count (only those with any), each extent read in chunks on a few threads."""
+    found: dict[str, int] = {}
     fds = {p: os.open(p, os.O_RDONLY) for p in {e.path for e in extents}}
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(workers, os.cpu_count() or 1))) as pool:
@@ -138,11 +146,11 @@ def scan(files: Mapping[str, Path], workers: int = WORKERS) -> Scan:
                     for x in extents for e, a, b in _chunks(x)]
             for e, job in jobs:
                 if n := job.result():
-                    out.nonfinite[e.name] = out.nonfinite.get(e.name, 0) + n
+                    found[e.name] = found.get(e.name, 0) + n
     finally:
         for fd in fds.values():
             os.close(fd)
-    return out
+    return found
 
 
 def problems(found: Scan, limit: int = 10) -> list[str]:
