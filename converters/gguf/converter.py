@@ -10,6 +10,7 @@ when llama-cpp-python is installed, loaded by llama.cpp (see `converters.gguf.ve
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import tempfile
 import time
@@ -18,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from converters.gguf.file import HashingWriter, header
 from converters.gguf.mix import FILE_TYPES
 from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan
 from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, plans
-from converters.gguf.quants import Floats, backend, quantize
+from converters.gguf.quants import Floats, backend, nonfinite, quantize
 from manifests import Artifact, GGUFRequirements, Manifest, Verification
 from registry.convert.protocol import (
     ConversionRequest,
@@ -53,6 +54,17 @@ def _chunks(t: TensorPlan, reader: SafetensorsReader) -> Iterator[tuple[int, int
         yield start, min(t.nrows, start + rows)
 
 
+class Encoded(NamedTuple):
+    """One chunk encoded as one type: its bytes, sampled error figures, and NaN/Inf values in and out."""
+
+    data: np.ndarray[Any, Any]
+    err2: float
+    sig2: float
+    maxerr: float
+    source_nonfinite: int
+    encoded_nonfinite: int
+
+
 @dataclass
 class _Stats:
     """Running figures of one tensor while its chunks are written."""
@@ -62,39 +74,45 @@ class _Stats:
     maxerr: float = 0.0
     head: bytes = b""
     tail: bytes = b""
-    nonfinite: int = 0
+    source_nonfinite: int = 0
+    encoded_nonfinite: int = 0
+
+    def add(self, enc: Encoded) -> None:
+        """Count one chunk in; NaN is kept (max() would drop it), so that the bound check sees it."""
+        self.err2, self.sig2 = self.err2 + enc.err2, self.sig2 + enc.sig2
+        self.maxerr = enc.maxerr if math.isnan(enc.maxerr) else max(self.maxerr, enc.maxerr)
+        self.source_nonfinite += enc.source_nonfinite
+        self.encoded_nonfinite += enc.encoded_nonfinite
 
 
-Encoded = tuple[np.ndarray[Any, Any], float, float, float]
-
-
-def _encode(rows: Floats, qtype: str) -> Encoded:
-    """Encode rows; with the squared error, squared signal and max error of a few of them."""
+def _encode(rows: Floats, qtype: str, source_nonfinite: int = 0) -> Encoded:
+    """Encode rows; with the squared error, squared signal and max error of a few of them, and the values of
+    every row that decode to NaN or Inf (an F16 overflow, a Q8_0 scale past F16's range)."""
     data = quantize(rows, qtype)
     err2 = sig2 = maxerr = 0.0
     if qtype != "F32":
         # A few rows per chunk, decoded by gguf's dequantizer: an implementation independent of ours.
         sample = rows[:: max(1, len(rows) // 4)][:4]
-        with np.errstate(all="ignore"):  # NaN/Inf rows are counted and fail verification; no warning on stderr
+        with np.errstate(all="ignore"):  # non-finite rows are counted and fail verification; no warning on stderr
             back = dequantize(data[:: max(1, len(rows) // 4)][:4], qtype, rows.shape[1])
             diff = back - sample
         err2 = float(np.square(diff, dtype=np.float64).sum())
         sig2 = float(np.square(sample, dtype=np.float64).sum())
         maxerr = float(np.abs(diff).max(initial=0.0))
-    return data, err2, sig2, maxerr
+    return Encoded(data, err2, sig2, maxerr, source_nonfinite, nonfinite(data, qtype))
 
 
 def _read_and_encode(reader: SafetensorsReader, t: TensorPlan, qtypes: list[str], start: int,
-                     stop: int) -> tuple[list[Encoded], int]:
-    """Rows [start, stop) read once, encoded once per distinct type (files sharing a type share the bytes);
-    with the number of NaN/Inf values among them (every value is looked at, not a sample)."""
+                     stop: int) -> list[Encoded]:
+    """Rows [start, stop) read once, encoded once per distinct type (files sharing a type share the bytes)."""
     rows = reader.rows(t, start, stop)
-    nonfinite = rows.size - int(np.count_nonzero(np.isfinite(rows)))
+    # Every source value is looked at: a NaN in a row no sample or prompt reaches would pass every other check.
+    bad = rows.size - int(np.count_nonzero(np.isfinite(rows)))
     done: dict[str, Encoded] = {}
     for q in qtypes:
         if q not in done:
-            done[q] = _encode(rows, q)
-    return [done[q] for q in qtypes], nonfinite
+            done[q] = _encode(rows, q, bad)
+    return [done[q] for q in qtypes]
 
 
 def dequantize(data: np.ndarray[Any, Any], qtype: str, ncols: int) -> Floats:
@@ -126,7 +144,7 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
         for p, out in zip(planned, outs, strict=True):
             out.write(header(p.metadata, p.infos))
         current = 0
-        pending: deque[tuple[int, Future[tuple[list[Encoded], int]]]] = deque()
+        pending: deque[tuple[int, Future[list[Encoded]]]] = deque()
 
         def drain(limit: int) -> None:
             nonlocal current
@@ -136,14 +154,12 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
                     for out in outs:
                         out.pad()
                     current += 1
-                encoded, nonfinite = fut.result()
-                for out, st, (data, e, s, m) in zip(outs, stats, encoded, strict=True):
-                    raw = np.ascontiguousarray(data).data.cast("B")
+                for out, st, enc in zip(outs, stats, fut.result(), strict=True):
+                    raw = np.ascontiguousarray(enc.data).data.cast("B")
                     one = st[i]
-                    one.nonfinite += nonfinite
                     one.head = one.head or bytes(raw[:64])
                     one.tail = bytes(raw[-64:])
-                    one.err2, one.sig2, one.maxerr = one.err2 + e, one.sig2 + s, max(one.maxerr, m)
+                    one.add(enc)
                     out.write(raw)
                     progress.advance(len(raw))
 
@@ -158,10 +174,17 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
                 out.pad()
             current += 1
         digests = [out.close() for out in outs]
-    return [(digest, [EncodedTensor(info, choice, st.head, st.tail, (st.err2 / st.sig2) ** 0.5 if st.sig2 else 0.0,
-                                    st.maxerr, st.nonfinite)
+    return [(digest, [EncodedTensor(info, choice, st.head, st.tail, _rel_rmse(st), st.maxerr, st.source_nonfinite,
+                                    st.encoded_nonfinite)
                       for info, choice, st in zip(p.infos, p.choices, pstats, strict=True)])
             for digest, p, pstats in zip(digests, planned, stats, strict=True)]
+
+
+def _rel_rmse(st: _Stats) -> float:
+    """Relative RMS error of the sampled rows; NaN when they decoded to NaN or Inf, whatever their signal."""
+    if not math.isfinite(st.err2):
+        return math.nan
+    return (st.err2 / st.sig2) ** 0.5 if st.sig2 else 0.0
 
 
 class GGUFConverter(ConverterBase):

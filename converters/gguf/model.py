@@ -60,6 +60,8 @@ class TensorPlan:
     source: SourceTensor | None
     permute_heads: int = 0
     values: Floats | None = None
+    #: The tensor's name in the safetensors source (none for values mreg computes).
+    source_name: str = ""
 
     @property
     def ncols(self) -> int:
@@ -192,7 +194,7 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
         elif arch == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
             permute = n_head_kv
         shape = src.shape if len(src.shape) > 1 else (src.shape[0],)
-        tensors.append(TensorPlan(gg, shape, src, permute))
+        tensors.append(TensorPlan(gg, shape, src, permute, source_name=hf_name))
     if unknown:
         raise UnsupportedModel(f"{len(unknown)} tensors have no GGUF name for {arch}: {', '.join(unknown[:5])}",
                                hint="the checkpoint has parts this converter does not know (adapters, vision tower?)")

@@ -24,7 +24,8 @@ QUANTIZATION_VERSION = 2
 
 @dataclass(frozen=True)
 class EncodedTensor:
-    """What was written for one tensor: its first and last bytes, and its encoding error on sampled rows."""
+    """What was written for one tensor: its first and last bytes, its encoding error on sampled rows, and its
+    NaN/Inf values in the source and in what was written (every row)."""
 
     info: TensorInfo
     choice: TensorChoice
@@ -32,8 +33,8 @@ class EncodedTensor:
     tail: bytes
     rel_rmse: float
     max_abs_err: float
-    #: NaN/Inf values in the source tensor (all of them counted while streaming).
-    nonfinite: int = 0
+    source_nonfinite: int = 0
+    encoded_nonfinite: int = 0
 
 
 @dataclass(frozen=True)

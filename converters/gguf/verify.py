@@ -15,6 +15,7 @@ Any failure fails the conversion; a check that cannot run (no runtime) says so i
 from __future__ import annotations
 
 import functools
+import math
 import os
 import subprocess
 from collections.abc import Sequence
@@ -191,7 +192,7 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str) -> dict
     """
     import time
 
-    from converters.gguf.reference import ReferenceUnsupported, reference_logits, softmax
+    from converters.gguf.reference import ReferenceUnsupported, reference_logits
 
     problems: list[str] = []
     metrics: dict[str, float] = {}
@@ -225,23 +226,52 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str) -> dict
             np.savez(cache, ids=np.asarray(ids, np.int64), logits=logits)
         ref = logits.astype(np.float64)
     ref = ref[:, : got.shape[1]]
-    scale = float(ref.std()) or 1.0
-    p, q = softmax(ref), softmax(got)
-    metrics["logits_max_abs_diff"] = float(np.abs(got - ref).max())
-    metrics["logits_max_rel_diff"] = metrics["logits_max_abs_diff"] / scale
-    metrics["top1_agreement"] = float((got.argmax(-1) == ref.argmax(-1)).mean())
-    metrics["kl_divergence"] = float(np.mean(np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1)))
+    compared, found = compare_logits(got, ref, file_type)
+    metrics.update(compared)
     metrics["logits_positions"] = float(len(ids))
-    for side, values in (("llama.cpp's", got), ("the reference's", ref)):
-        if not np.isfinite(values).all():
-            problems.append(f"{side} logits hold {int(values.size - np.isfinite(values).sum())} NaN/Inf values")
+    return {"problems": problems + found, "metrics": metrics, "notes": notes}
+
+
+def compare_logits(got: np.ndarray[Any, Any], ref: np.ndarray[Any, Any],
+                   file_type: str) -> tuple[dict[str, float], list[str]]:
+    """llama.cpp's logits against the reference's: the metrics and the problems (NaN or Inf on either side is one)."""
+    from converters.gguf.reference import softmax
+
+    metrics = {"logits_nonfinite": float(got.size - np.isfinite(got).sum()),
+               "reference_logits_nonfinite": float(ref.size - np.isfinite(ref).sum())}
+    problems = [f"{who} logits have {_values(int(metrics[key]))}" for who, key in
+                (("llama.cpp's", "logits_nonfinite"), ("the float32 reference's", "reference_logits_nonfinite"))
+                if metrics[key]]
+    with np.errstate(all="ignore"):  # NaN and Inf give NaN metrics, which the bounds below fail
+        scale = float(ref.std()) or 1.0
+        p, q = softmax(ref), softmax(got)
+        metrics["logits_max_abs_diff"] = float(np.abs(got - ref).max())
+        metrics["logits_max_rel_diff"] = metrics["logits_max_abs_diff"] / scale
+        metrics["top1_agreement"] = float((got.argmax(-1) == ref.argmax(-1)).mean())
+        metrics["kl_divergence"] = float(np.mean(np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1)))
     if file_type in LOGITS_REL_DIFF and not metrics["logits_max_rel_diff"] <= LOGITS_REL_DIFF[file_type]:
         problems.append(f"logits differ from the float32 reference by {metrics['logits_max_rel_diff']:.3g} std "
                         f"(bound {LOGITS_REL_DIFF[file_type]})")
     if file_type in LOGITS_KL and not metrics["kl_divergence"] <= LOGITS_KL[file_type]:
         problems.append(f"KL divergence from the float32 reference {metrics['kl_divergence']:.3g} "
                         f"(bound {LOGITS_KL[file_type]})")
-    return {"problems": problems, "metrics": metrics, "notes": notes}
+    return metrics, problems
+
+
+def _values(n: int) -> str:
+    return f"{n} NaN/Inf value{'s' * (n != 1)}"
+
+
+def nonfinite_problems(plan: GGUFPlan, encoded: Sequence[EncodedTensor], limit: int = 10) -> list[str]:
+    """One line per tensor with NaN or Inf values in the source or in what was written (the first `limit`)."""
+    lines = []
+    for t, e in zip(plan.model.tensors, encoded, strict=True):
+        name = f"{t.source_name} ({e.info.name})" if t.source_name else e.info.name
+        if e.source_nonfinite:
+            lines.append(f"source tensor {name} has {_values(e.source_nonfinite)}")
+        if e.encoded_nonfinite:
+            lines.append(f"tensor {name} written as {e.info.qtype} has {_values(e.encoded_nonfinite)}")
+    return lines[:limit] + ([f"and {len(lines) - limit} more"] if len(lines) > limit else [])
 
 
 def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directory: Path,
@@ -255,18 +285,21 @@ def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directo
             child.kill()
             child.wait()
         raise
+    problems += nonfinite_problems(plan, encoded)
     worst: dict[str, float] = {}
     for e in encoded:
         bound = ERROR_BOUND[e.info.qtype]
-        if e.nonfinite:
-            problems.append(f"{e.info.name}: {e.nonfinite} NaN/Inf values in the source tensor")
-            continue
-        worst[e.info.qtype] = max(worst.get(e.info.qtype, 0.0), e.rel_rmse)
+        # NaN is the worst error: max() would drop it.
+        worst[e.info.qtype] = max(worst.get(e.info.qtype, 0.0), e.rel_rmse,
+                                  key=lambda v: math.inf if math.isnan(v) else v)
         if not e.rel_rmse <= bound and e.info.qtype != "F32":  # NaN fails too
             problems.append(f"{e.info.name}: relative RMS error {e.rel_rmse:.3g} over the {e.info.qtype} bound {bound}")
-    metrics: dict[str, float] = {"tensors": float(len(encoded)), "metadata_keys": float(len(plan.metadata))}
+    metrics: dict[str, float] = {"tensors": float(len(encoded)), "metadata_keys": float(len(plan.metadata)),
+                                 "source_nonfinite": float(sum(e.source_nonfinite for e in encoded)),
+                                 "encoded_nonfinite": float(sum(e.encoded_nonfinite for e in encoded))}
     metrics.update({f"rel_rmse_{k}": round(v, 6) for k, v in sorted(worst.items())})
     tolerance = {f"rel_rmse_{k}": ERROR_BOUND[k] for k in sorted(worst)}
+    tolerance |= {"source_nonfinite": 0.0, "encoded_nonfinite": 0.0}
     runtime_problems, runtime_metrics, notes = finish_runtime(child)
     problems += runtime_problems
     metrics.update(runtime_metrics)
@@ -275,6 +308,8 @@ def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directo
     if plan.file_type in LOGITS_KL:
         tolerance["kl_divergence"] = LOGITS_KL[plan.file_type]
     tolerance["tokenization_mismatches"] = 0.0
+    if "logits_nonfinite" in metrics:
+        tolerance |= {"logits_nonfinite": 0.0, "reference_logits_nonfinite": 0.0}
     method = ("gguf reader: tensors, shapes, types, data digests and metadata; encoding error per tensor; "
               f"llama.cpp ({', '.join(f'{k}={v}' for k, v in SETTINGS.items())}: weights read from the mapped file, "
               "not repacked): load, tokenization against the HF "

@@ -50,3 +50,19 @@ def artifact(store_root: Path, name: str, version: int, fmt: str) -> tuple[dict[
     manifest = json.loads((vdir / "manifest.json").read_text())
     (art,) = [a for a in manifest["artifacts"] if a["format"] == fmt]
     return art, vdir / fmt
+
+
+def integrity_refusal(result: CliResult, store_root: Path, name: str, *needles: str) -> dict[str, Any]:
+    """The `--json` error of a conversion refused as an integrity failure (exit 4) whose message names every
+    needle; the document is strict JSON (no NaN) and no version of `name` was published."""
+
+    def not_json(constant: str) -> Any:
+        raise AssertionError(f"{constant} in the error document is not JSON")
+
+    assert result.exit_code == 4, result.stderr + result.stdout
+    error: dict[str, Any] = json.loads(result.stdout, parse_constant=not_json)["error"]
+    assert error["type"] == "IntegrityError" and error["exit_code"] == 4
+    for needle in needles:
+        assert needle in error["message"], f"{needle!r} not in {error['message']!r}"
+    assert not (store_root / "models" / name / "versions" / "1" / "manifest.json").exists(), "nothing published"
+    return error

@@ -33,6 +33,7 @@ from converters.gguf.quants.blocks import (
     bf16,
     f16,
     f32,
+    nonfinite,
     q4_0,
     q4_1,
     q5_0,
@@ -42,7 +43,7 @@ from converters.gguf.quants.blocks import (
 )
 from converters.gguf.quants.kquants import q2_k, q3_k, q4_k, q5_k, q6_k
 
-__all__ = ["BLOCK", "Bytes", "Floats", "backend", "encoder", "quantize", "row_bytes"]
+__all__ = ["BLOCK", "Bytes", "Floats", "backend", "encoder", "nonfinite", "quantize", "row_bytes"]
 
 
 def encoder(qtype: str) -> Callable[[Floats], Bytes]:

@@ -27,6 +27,28 @@ BLOCK: dict[str, tuple[int, int]] = {
 }
 
 
+#: Byte offsets, in a block, of the half-precision fields (scale, min) it decodes through. Its other fields
+#: are small integers, so a block decodes to NaN or Inf exactly when one of these is not finite.
+HALF_FIELDS: dict[str, tuple[int, ...]] = {
+    "F16": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+}
+
+
+def nonfinite(data: Bytes, qtype: str) -> int:
+    """Values of encoded rows that decode to NaN or Inf (every value of a block whose scale or min is)."""
+    block, size = BLOCK[qtype]
+    blocks = np.ascontiguousarray(data).view(np.uint8).reshape(-1, size)
+    if qtype == "F32":
+        return int(np.count_nonzero(~np.isfinite(blocks.view("<f4"))))
+    exponent, fields = (0x7F80, (0,)) if qtype == "BF16" else (0x7C00, HALF_FIELDS[qtype])
+    bad = np.zeros(len(blocks), dtype=bool)
+    for at in fields:
+        half = np.ascontiguousarray(blocks[:, at:at + 2]).view("<u2")[:, 0]
+        bad |= (half & exponent) == exponent
+    return int(np.count_nonzero(bad)) * block
+
+
 def row_bytes(qtype: str, ncols: int) -> int:
     """Bytes of one encoded row of `ncols` elements."""
     block, size = BLOCK[qtype]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -12,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import artifact, convert
+from support.cli import artifact, convert, integrity_refusal
 from support.llama_cpp_source import field
+from support.tiny_models import set_value
 
 gguf = pytest.importorskip("gguf")
 
@@ -145,6 +147,33 @@ def test_a_failed_check_fails_the_conversion(mreg: Any, tiny_model: Callable[...
     r = mreg("convert", tiny_model("llama"), "--to", "gguf:Q8_0", "--name", "m", "--json")
     assert r.exit_code == 4 and "relative RMS error" in r.json["error"]["message"]
     assert _nothing_published(store_root)
+
+
+#: A row of the tiny llama's (128 x 64) up projection that no encoding-error sample reads (those are 0, 32, 64, 96).
+UNSAMPLED = 5 * 64 + 3
+
+
+@pytest.mark.parametrize("spec", ["F16", "Q8_0"])
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_a_nan_or_inf_weight_fails_and_publishes_nothing(spec: str, value: float, mreg: Any,
+                                                         tiny_model: Callable[..., Path], store_root: Path) -> None:
+    src = set_value(tiny_model("llama"), "model.layers.1.mlp.up_proj.weight", UNSAMPLED, value)
+    r = mreg("convert", src, "--to", f"gguf:{spec}", "--name", "m", "--json")
+    err = integrity_refusal(r, store_root, "m", "source tensor model.layers.1.mlp.up_proj.weight (blk.1.ffn_up.weight) "
+                                                "has 1 NaN/Inf value")
+    record = err["details"]["verification"]
+    assert record["status"] == "failed" and record["metrics"]["source_nonfinite"] == 1.0
+    assert record["tolerance"]["source_nonfinite"] == 0.0
+
+
+def test_a_finite_weight_past_f16_range_fails_as_written(mreg: Any, tiny_model: Callable[..., Path],
+                                                         store_root: Path) -> None:
+    """1e5 is a finite float32 but Inf in F16: the written tensor is judged, not only its source."""
+    src = set_value(tiny_model("llama"), "model.layers.1.mlp.up_proj.weight", UNSAMPLED, 1e5)
+    r = mreg("convert", src, "--to", "gguf:F16", "--name", "m", "--json")
+    err = integrity_refusal(r, store_root, "m", "tensor model.layers.1.mlp.up_proj.weight (blk.1.ffn_up.weight) "
+                                                "written as F16 has 1 NaN/Inf value")
+    assert "source tensor" not in err["message"] and err["details"]["verification"]["metrics"]["encoded_nonfinite"] == 1
 
 
 def test_help_imports_no_heavy_library() -> None:

@@ -15,7 +15,8 @@ from converters.gguf.file import GGML_TYPES
 from converters.gguf.mix import FILE_TYPES
 from converters.gguf.model import SafetensorsReader
 from converters.gguf.plan import plan
-from converters.gguf.quants import BLOCK, quantize
+from converters.gguf.quants import BLOCK, nonfinite, quantize
+from converters.gguf.quants.blocks import HALF_FIELDS
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is in the test extra")
 gguf = pytest.importorskip("gguf")
@@ -73,6 +74,27 @@ def test_block_encoder_is_byte_identical_to_ggml(qtype: str) -> None:
         ours, theirs = quantize(x, qtype, use="numpy"), ggml_quantize(x, qtype)
         bad = np.nonzero((ours != theirs).any(axis=1))[0]
         assert bad.size == 0, f"{qtype} on {name}: rows {bad[:5]} differ"
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_nonfinite_reads_the_fields_gguf_decodes_through(qtype: str) -> None:
+    """An Inf in one half field of block 1 makes gguf's dequantizer give NaN/Inf for that block alone, and the same
+    bytes anywhere else in it nothing: the fields `nonfinite` reads are those, and all those, that can decode so."""
+    block, size = BLOCK[qtype]
+    data = quantize((np.random.default_rng(3).standard_normal((1, 4 * max(block, 32))) * 0.02).astype(np.float32),
+                    qtype)
+    assert nonfinite(data, qtype) == 0
+    inf = b"\x80\x7f" if qtype == "BF16" else np.float16(np.inf).tobytes()
+    fields = HALF_FIELDS.get(qtype, (0,))
+    for at in range(0, size - 1, 2):  # (ggml's half fields are 2-byte aligned)
+        bad = data.copy().reshape(-1, size)
+        bad[1, at:at + 2] = np.frombuffer(inf, np.uint8)
+        with np.errstate(all="ignore"):
+            back = gguf.quants.dequantize(bad.reshape(data.shape), gguf.GGMLQuantizationType[qtype]).reshape(-1, block)
+        expected = [0] * len(back)
+        expected[1] = block if at in fields else 0
+        assert (~np.isfinite(back)).sum(axis=1).tolist() == expected, f"{qtype}: bytes {at}-{at + 1}"
+        assert nonfinite(bad, qtype) == expected[1], f"{qtype}: bytes {at}-{at + 1}"
 
 
 def test_fast_path_is_llama_cpp_and_gives_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:

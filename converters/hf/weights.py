@@ -1,0 +1,162 @@
+"""NaN and Inf in safetensors weights: every floating-point tensor read in chunks, its non-finite values counted.
+
+Chunks are read with pread(2) into fresh buffers on a few threads (pread and numpy's bitwise
+ufuncs release the GIL), so memory stays flat whatever the model size. Values are judged by
+their bits: an all-ones exponent is Inf or NaN in every IEEE-like format (float8 E4M3's one NaN
+pattern is its all-ones exponent and mantissa), so bfloat16 and float8 need no conversion.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from registry.errors import IntegrityError
+
+#: safetensors float dtype -> (the unsigned integer of its width, the bits all set in Inf and NaN only).
+NONFINITE_BITS: dict[str, tuple[str, int]] = {
+    "F64": ("<u8", 0x7FF0_0000_0000_0000), "F32": ("<u4", 0x7F80_0000), "F16": ("<u2", 0x7C00),
+    "BF16": ("<u2", 0x7F80), "F8_E5M2": ("u1", 0x7C), "F8_E4M3": ("u1", 0x7F), "F8_E8M0": ("u1", 0xFF),
+}
+#: Bytes read per work item: a few per thread keep memory small and numpy's per-call cost negligible.
+CHUNK_BYTES = 8 << 20
+#: The largest header the safetensors library itself reads.
+MAX_HEADER_BYTES = 100 << 20
+WORKERS = 4
+
+
+class NotSafetensors(ValueError):
+    """A file whose header cannot be read as safetensors (no safetensors loader reads it either)."""
+
+
+class ShortRead(IntegrityError):
+    """A weights file shrank while it was read."""
+
+
+@dataclass(frozen=True)
+class Extent:
+    """Where a floating-point tensor's bytes are: the file and the absolute range [start, stop)."""
+
+    name: str
+    path: Path
+    dtype: str
+    start: int
+    stop: int
+
+
+@dataclass
+class Scan:
+    """What reading the weights found: tensor name -> its NaN/Inf count (only those with any), unread files."""
+
+    nonfinite: dict[str, int] = field(default_factory=dict)
+    #: label -> why it was not read as safetensors.
+    unreadable: dict[str, str] = field(default_factory=dict)
+    tensors: int = 0
+
+
+def float_extents(path: Path) -> list[Extent]:
+    """The floating-point tensors of a safetensors file, from its header; NotSafetensors if it has no valid one."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise NotSafetensors("shorter than a safetensors header")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > min(MAX_HEADER_BYTES, size - 8):
+            raise NotSafetensors(f"its header length {length} exceeds the file or safetensors' limit")
+        try:
+            header = json.loads(f.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise NotSafetensors(f"its header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise NotSafetensors("its header is not a JSON object")
+    data = 8 + length
+    return [_extent(name, info, path, data, size) for name, info in header.items()
+            if name != "__metadata__" and _is_float(info)]
+
+
+def _is_float(info: Any) -> bool:
+    return isinstance(info, dict) and info.get("dtype") in NONFINITE_BITS
+
+
+def _extent(name: str, info: dict[str, Any], path: Path, data: int, size: int) -> Extent:
+    """One header entry's byte range, refused when it is not inside the file."""
+    offsets = info.get("data_offsets")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= size - data):
+        raise NotSafetensors(f"tensor {name} has data_offsets {offsets!r} outside the file")
+    return Extent(name, path, info["dtype"], data + offsets[0], data + offsets[1])
+
+
+def _chunks(extent: Extent) -> Iterator[tuple[Extent, int, int]]:
+    """Byte ranges of whole elements of one tensor, CHUNK_BYTES at most."""
+    width = np.dtype(NONFINITE_BITS[extent.dtype][0]).itemsize
+    stop = extent.start + (extent.stop - extent.start) // width * width
+    step = max(width, CHUNK_BYTES // width * width)
+    for start in range(extent.start, stop, step):
+        yield extent, start, min(stop, start + step)
+
+
+def count_nonfinite(fd: int, dtype: str, start: int, stop: int) -> int:
+    """NaN and Inf values among bytes [start, stop) of a file, read as the safetensors dtype `dtype`."""
+    kind, bits = NONFINITE_BITS[dtype]
+    raw = np.empty((stop - start) // np.dtype(kind).itemsize, dtype=kind)
+    view = raw.data.cast("B")
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], start + done)
+        if got == 0:
+            raise ShortRead("a weights file is shorter than its header says (was it changed while it was read?)",
+                            hint="pull the model again")
+        done += got
+    mask = raw.dtype.type(bits)
+    np.bitwise_and(raw, mask, out=raw)
+    return int(np.count_nonzero(raw == mask))
+
+
+def scan(files: Mapping[str, Path], workers: int = WORKERS) -> Scan:
+    """Every floating-point tensor of the safetensors files (label -> path) read for NaN and Inf."""
+    out = Scan()
+    extents: list[Extent] = []
+    for label, path in files.items():
+        try:
+            extents += float_extents(path)
+        except NotSafetensors as why:
+            out.unreadable[label] = str(why)
+    out.tensors = len(extents)
+    out.nonfinite = count_extents(extents, workers)
+    return out
+
+
+def count_extents(extents: Sequence[Extent], workers: int = WORKERS) -> dict[str, int]:
+    """Tensor name -> its NaN/Inf count (only those with any), each extent read in chunks on a few threads."""
+    found: dict[str, int] = {}
+    fds = {p: os.open(p, os.O_RDONLY) for p in {e.path for e in extents}}
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, os.cpu_count() or 1))) as pool:
+            jobs = [(e, pool.submit(count_nonfinite, fds[e.path], e.dtype, a, b))
+                    for x in extents for e, a, b in _chunks(x)]
+            for e, job in jobs:
+                if n := job.result():
+                    found[e.name] = found.get(e.name, 0) + n
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return found
+
+
+def problems(found: Scan, limit: int = 10) -> list[str]:
+    """One line per tensor with NaN or Inf values (the first `limit`, then how many more)."""
+    first = list(found.nonfinite.items())[:limit]
+    lines = [f"tensor {name} has {n} NaN/Inf value{'s' * (n != 1)}" for name, n in first]
+    if len(found.nonfinite) > limit:
+        lines.append(f"and {len(found.nonfinite) - limit} more tensors with NaN/Inf values")
+    return lines

@@ -1,0 +1,53 @@
+"""`mreg convert --to hf`: the snapshot as is, every file's digest checked and every float tensor read for NaN/Inf."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cli import artifact, convert, integrity_refusal
+from support.tiny_models import set_value
+
+from converters.hf import weights
+
+
+@pytest.mark.parametrize(("dtype", "value"), [("float32", math.nan), ("float32", math.inf), ("bfloat16", math.nan),
+                                              ("float16", -math.inf)])
+def test_a_nan_or_inf_weight_fails_and_publishes_nothing(dtype: str, value: float, mreg: Any,
+                                                         tiny_model: Callable[..., Path], store_root: Path) -> None:
+    src = set_value(tiny_model("llama", dtype=dtype), "model.layers.1.mlp.up_proj.weight", 1000, value)
+    r = mreg("convert", src, "--to", "hf", "--name", "m", "--json")
+    err = integrity_refusal(r, store_root, "m", "tensor model.layers.1.mlp.up_proj.weight has 1 NaN/Inf value")
+    record = err["details"]["verification"]
+    assert record["status"] == "failed" and record["metrics"]["nonfinite_values"] == 1.0
+    assert record["tolerance"]["nonfinite_values"] == 0.0
+
+
+def test_a_finite_model_passes_and_every_float_tensor_was_read(mreg: Any, tiny_model: Callable[..., Path],
+                                                              store_root: Path) -> None:
+    src = tiny_model("llama", shards=2)
+    doc = convert(mreg, src, "hf")
+    art, _ = artifact(store_root, "m", doc["version"], "hf")
+    v = art["verification"]
+    assert v["status"] == "passed" and v["detail"] is None and "NaN and Inf" in v["method"]
+    assert v["metrics"]["nonfinite_values"] == 0.0 and v["metrics"]["float_tensors"] == 21.0
+
+
+def test_chunks_cover_every_value_once(tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks far smaller than a tensor, and not a multiple of its element size, still see each value once."""
+    monkeypatch.setattr(weights, "CHUNK_BYTES", 1001)
+    src = tiny_model("llama", dtype="float16")
+    for index in (0, 499, 500, 501, 64 * 128 - 1):  # chunk edges (500 halves) and the tensor's last value
+        set_value(src, "model.layers.0.mlp.down_proj.weight", index, math.inf)
+    found = weights.scan({"model.safetensors": src / "model.safetensors"})
+    assert found.nonfinite == {"model.layers.0.mlp.down_proj.weight": 5} and found.unreadable == {}
+
+
+def test_a_file_that_is_no_safetensors_is_noted_not_read(model_dir: Path, mreg: Any, store_root: Path) -> None:
+    """Random bytes named .safetensors: no loader reads them, so they carry no weights; the identity still holds."""
+    doc = convert(mreg, model_dir, "hf")
+    v = artifact(store_root, "m", doc["version"], "hf")[0]["verification"]
+    assert v["status"] == "passed" and "model.safetensors not read as safetensors" in v["detail"]
