@@ -11,6 +11,7 @@ fed back through the KV cache, must equal `model.generate`'s.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,7 +238,10 @@ def _merge(into: dict[str, float], new: dict[str, float]) -> None:
     """Worst case across batches: largest differences, smallest cosine and agreement."""
     for k, v in new.items():
         worse = min if k.endswith(("_cosine", "top1_agreement")) else max
-        into[k] = worse(into[k], v) if k in into else v
+        if k in into and not math.isnan(v):
+            # NaN is the worst case: min() and max() keep whichever comes first, and would drop it.
+            v = into[k] if math.isnan(into[k]) else worse(into[k], v)
+        into[k] = v
 
 
 def _greedy(sess: Any, sig: Signature, probe: Probes) -> tuple[Array, list[Array]]:
@@ -290,10 +294,11 @@ def _metrics(ran: Outputs, ref: Outputs, probe: Probes, sig: Signature) -> dict[
         metrics["generation.tokens_equal"] = float(same)
         metrics["generation.nonfinite"] = float(sum(np.size(x) - np.isfinite(x).sum() for x in logits))
         if steps:
-            metrics["generation.logits.max_abs_diff"] = max(
-                float(np.abs(logits[i] - ref.step_logits[i]).max()) for i in range(steps))
-            metrics["generation.logits.reference_max_abs"] = max(
-                float(np.abs(ref.step_logits[i]).max()) for i in range(steps))
+            # np.max, not max(): a NaN step must not be dropped.
+            metrics["generation.logits.max_abs_diff"] = float(np.max(
+                [np.abs(logits[i] - ref.step_logits[i]).max() for i in range(steps)]))
+            metrics["generation.logits.reference_max_abs"] = float(np.max(
+                [np.abs(ref.step_logits[i]).max() for i in range(steps)]))
     return metrics
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import subprocess
 import sys
@@ -376,6 +377,15 @@ def test_pytorch_nan_on_real_tokens_fails_and_on_padding_does_not() -> None:
         problems, tolerance = judge(compare("logits", ref.copy(), real, mask), THRESHOLDS[precision])
         assert "PyTorch's logits has 8 NaN/Inf values on real tokens" in problems
         assert tolerance["logits.reference_nonfinite"] == 0.0
+
+
+def test_the_worst_case_across_batches_keeps_nan() -> None:
+    from converters.onnx.verify import _merge
+
+    for first, second in ((1e-5, float("nan")), (float("nan"), 1e-5)):
+        merged: dict[str, float] = {"logits.max_abs_diff": first, "logits.min_cosine": first}
+        _merge(merged, {"logits.max_abs_diff": second, "logits.min_cosine": second})
+        assert all(math.isnan(v) for v in merged.values()), (first, second)
 
 
 def test_fp32_bound_scales_with_real_logit_magnitudes() -> None:
