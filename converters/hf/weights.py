@@ -21,10 +21,12 @@ import numpy as np
 
 from registry.errors import IntegrityError
 
-#: safetensors float dtype -> (the unsigned integer of its width, the bits all set in Inf and NaN only).
-NONFINITE_BITS: dict[str, tuple[str, int]] = {
-    "F64": ("<u8", 0x7FF0_0000_0000_0000), "F32": ("<u4", 0x7F80_0000), "F16": ("<u2", 0x7C00),
-    "BF16": ("<u2", 0x7F80), "F8_E5M2": ("u1", 0x7C), "F8_E4M3": ("u1", 0x7F), "F8_E8M0": ("u1", 0xFF),
+#: safetensors float dtype -> (the unsigned integer of its width, the bits all set in Inf and NaN only, the bits
+#: of the magnitude: NaN is a magnitude above Inf's bits; E4M3 and E8M0 have no Inf, their one NaN is all ones).
+NONFINITE_BITS: dict[str, tuple[str, int, int]] = {
+    "F64": ("<u8", 0x7FF0_0000_0000_0000, 0x7FFF_FFFF_FFFF_FFFF), "F32": ("<u4", 0x7F80_0000, 0x7FFF_FFFF),
+    "F16": ("<u2", 0x7C00, 0x7FFF), "BF16": ("<u2", 0x7F80, 0x7FFF), "F8_E5M2": ("u1", 0x7C, 0x7F),
+    "F8_E4M3": ("u1", 0x7F, 0x7F), "F8_E8M0": ("u1", 0xFF, 0xFF),
 }
 #: Bytes read per work item: a few per thread keep memory small and numpy's per-call cost negligible.
 CHUNK_BYTES = 8 << 20
@@ -105,9 +107,9 @@ def _chunks(extent: Extent) -> Iterator[tuple[Extent, int, int]]:
         yield extent, start, min(stop, start + step)
 
 
-def count_nonfinite(fd: int, dtype: str, start: int, stop: int) -> int:
-    """NaN and Inf values among bytes [start, stop) of a file, read as the safetensors dtype `dtype`."""
-    kind, bits = NONFINITE_BITS[dtype]
+def count_nonfinite(fd: int, dtype: str, start: int, stop: int, nan_only: bool = False) -> int:
+    """NaN and Inf values (NaN alone with `nan_only`) among bytes [start, stop) of a file, read as `dtype`."""
+    kind, bits, magnitude = NONFINITE_BITS[dtype]
     raw = np.empty((stop - start) // np.dtype(kind).itemsize, dtype=kind)
     view = raw.data.cast("B")
     done = 0
@@ -117,6 +119,9 @@ def count_nonfinite(fd: int, dtype: str, start: int, stop: int) -> int:
             raise ShortRead("a weights file is shorter than its header says (was it changed while it was read?)",
                             hint="pull the model again")
         done += got
+    if nan_only and bits != magnitude:
+        np.bitwise_and(raw, raw.dtype.type(magnitude), out=raw)
+        return int(np.count_nonzero(raw > raw.dtype.type(bits)))
     mask = raw.dtype.type(bits)
     np.bitwise_and(raw, mask, out=raw)
     return int(np.count_nonzero(raw == mask))
@@ -136,13 +141,13 @@ def scan(files: Mapping[str, Path], workers: int = WORKERS) -> Scan:
     return out
 
 
-def count_extents(extents: Sequence[Extent], workers: int = WORKERS) -> dict[str, int]:
-    """Tensor name -> its NaN/Inf count (only those with any), each extent read in chunks on a few threads."""
+def count_extents(extents: Sequence[Extent], workers: int = WORKERS, nan_only: bool = False) -> dict[str, int]:
+    """Tensor name -> its NaN/Inf (or NaN) count, only those with any; each extent read in chunks on a few threads."""
     found: dict[str, int] = {}
     fds = {p: os.open(p, os.O_RDONLY) for p in {e.path for e in extents}}
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(workers, os.cpu_count() or 1))) as pool:
-            jobs = [(e, pool.submit(count_nonfinite, fds[e.path], e.dtype, a, b))
+            jobs = [(e, pool.submit(count_nonfinite, fds[e.path], e.dtype, a, b, nan_only))
                     for x in extents for e, a, b in _chunks(x)]
             for e, job in jobs:
                 if n := job.result():

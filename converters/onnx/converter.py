@@ -163,6 +163,7 @@ class ONNXConverter(ConverterBase):
 
     def _convert(self, request: ConversionRequest, directory: Path, tmp: Path,
                  freeze: Callable[[], None]) -> ConversionResult:
+        from converters.hf import weights
         from converters.onnx import export as ex
         from converters.onnx import graph as files
         from converters.onnx import verify as onnx_verify
@@ -173,6 +174,9 @@ class ONNXConverter(ConverterBase):
             raise ex.UnsupportedModel("with-past applies to decoder LLMs only", hint="drop with-past for an encoder")
         progress = request.progress
         with _stage(progress, "loading the model"):
+            # Every source value, not only those the probes reach (an unused embedding row, say).
+            source = weights.scan({f.path: request.source_files(f.path) for f in request.source.files
+                                   if f.path.endswith(".safetensors")})
             model, tokenizer = ex.load(directory, task)
             sig = ex.signature(model, tokenizer, task, opts["with_past"])
             probe = onnx_verify.probes(model, tokenizer, sig)
@@ -201,8 +205,10 @@ class ONNXConverter(ConverterBase):
                 if gpu is not None:
                     runs[onnx_verify.GPU_PROVIDER] = onnx_verify.run(gpu, sig, probe)
                     del gpu
+                nonfinite = {"source tensor": source.nonfinite,
+                             "written initializer": files.nan_initializers(request.workdir)}
                 verification = onnx_verify.verify(runs, reference(), probe, sig, precision(opts), request.source,
-                                                  versions, why_not)
+                                                  versions, why_not, nonfinite)
         known = {}
         present = {f.path: f for f in request.source.files}
         for name in SIDE_FILES:

@@ -89,6 +89,42 @@ def optimize(src: Path, dest: Path, provider: str) -> None:
         save(load_proto(Path(tmp)), dest, check=False)
 
 
+#: ONNX TensorProto element types that can hold NaN or Inf -> the safetensors dtype with the same bits.
+FLOAT_TYPES = {1: "F32", 10: "F16", 11: "F64", 16: "BF16", 17: "F8_E4M3", 19: "F8_E5M2"}
+
+
+def nan_initializers(directory: Path) -> dict[str, int]:
+    """Initializer name -> its NaN count (only those with any) in a saved model; external data read in chunks.
+
+    NaN only: ONNX Runtime's optimizer folds attention masks into constants of -Inf, which a correct graph
+    holds; an Inf weight is found in the source (and fp16 conversion clamps to F16's range).
+    """
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    from onnx.external_data_helper import ExternalDataInfo
+
+    from converters.hf.weights import Extent, count_extents
+
+    proto = onnx.load_model(directory / MODEL_FILE, load_external_data=False)
+    found: dict[str, int] = {}
+    extents = []
+    for t in proto.graph.initializer:
+        if t.data_type not in FLOAT_TYPES:
+            continue
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            values = numpy_helper.to_array(t).astype(np.float64)  # exact for every float type
+            if n := int(np.count_nonzero(np.isnan(values))):
+                found[t.name] = n
+            continue
+        info = ExternalDataInfo(t)
+        path = directory / info.location
+        start = info.offset or 0
+        stop = start + (info.length if info.length is not None else path.stat().st_size - start)
+        extents.append(Extent(t.name, path, FLOAT_TYPES[t.data_type], start, min(stop, path.stat().st_size)))
+    return found | count_extents(extents, nan_only=True)
+
+
 def describe(path: Path) -> dict[str, Any]:
     """Opset, IR version, domains and I/O (names, element types, dims) of a saved graph, without its weights."""
     import onnx

@@ -11,6 +11,7 @@ fed back through the KV cache, must equal `model.generate`'s.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,8 @@ def compare(name: str, got: Array, ref: Array, mask: Array) -> dict[str, float]:
     if got.shape != ref.shape:
         return {**metrics, f"{name}.shape_mismatch": 1.0}
     a, b = _rows(got, mask, 2 if name.startswith("present.") else 1), _rows(ref, mask, 2 if "present." in name else 1)
+    # PyTorch's only on real tokens: a fully masked (padded) row may be NaN in a correct model's attention.
+    metrics[f"{name}.reference_nonfinite"] = float(b.size - np.isfinite(b).sum())
     diff = np.abs(a - b)
     max_abs = float(diff.max(initial=0.0)) if np.isfinite(diff).all() else float("inf")
     scale = float(np.abs(b).max(initial=0.0))
@@ -235,7 +238,10 @@ def _merge(into: dict[str, float], new: dict[str, float]) -> None:
     """Worst case across batches: largest differences, smallest cosine and agreement."""
     for k, v in new.items():
         worse = min if k.endswith(("_cosine", "top1_agreement")) else max
-        into[k] = worse(into[k], v) if k in into else v
+        if k in into and not math.isnan(v):
+            # NaN is the worst case: min() and max() keep whichever comes first, and would drop it.
+            v = into[k] if math.isnan(into[k]) else worse(into[k], v)
+        into[k] = v
 
 
 def _greedy(sess: Any, sig: Signature, probe: Probes) -> tuple[Array, list[Array]]:
@@ -288,18 +294,30 @@ def _metrics(ran: Outputs, ref: Outputs, probe: Probes, sig: Signature) -> dict[
         metrics["generation.tokens_equal"] = float(same)
         metrics["generation.nonfinite"] = float(sum(np.size(x) - np.isfinite(x).sum() for x in logits))
         if steps:
-            metrics["generation.logits.max_abs_diff"] = max(
-                float(np.abs(logits[i] - ref.step_logits[i]).max()) for i in range(steps))
-            metrics["generation.logits.reference_max_abs"] = max(
-                float(np.abs(ref.step_logits[i]).max()) for i in range(steps))
+            # np.max, not max(): a NaN step must not be dropped.
+            metrics["generation.logits.max_abs_diff"] = float(np.max(
+                [np.abs(logits[i] - ref.step_logits[i]).max() for i in range(steps)]))
+            metrics["generation.logits.reference_max_abs"] = float(np.max(
+                [np.abs(ref.step_logits[i]).max() for i in range(steps)]))
     return metrics
 
 
+def weight_problems(nonfinite: dict[str, dict[str, int]], limit: int = 10) -> tuple[list[str], dict[str, float]]:
+    """One line per tensor with NaN or Inf values (`{"source tensor": {name: count}, ...}`), and their totals."""
+    lines = [f"{what} {name} has {n} NaN/Inf value{'s' * (n != 1)}"
+             for what, found in nonfinite.items() for name, n in found.items()]
+    totals = {f"weights.{what.replace(' ', '_')}_nonfinite": float(sum(found.values()))
+              for what, found in nonfinite.items()}
+    return lines[:limit] + ([f"and {len(lines) - limit} more"] if len(lines) > limit else []), totals
+
+
 def verify(runs: dict[str, Outputs], ref: Outputs, probe: Probes, sig: Signature, precision: str,
-           source: SourceInfo, versions: dict[str, str], gpu_note: str = "") -> Verification:
-    """Judge each provider's outputs against PyTorch's by the precision's thresholds (CUDA's metrics: `cuda.*`)."""
+           source: SourceInfo, versions: dict[str, str], gpu_note: str = "",
+           nonfinite: dict[str, dict[str, int]] | None = None) -> Verification:
+    """Judge each provider's outputs against PyTorch's by the precision's thresholds (CUDA's metrics: `cuda.*`);
+    any count in `nonfinite` (NaN/Inf in the source's tensors, NaN in the written initializers) fails too."""
     limits = THRESHOLDS[precision]
-    metrics: dict[str, float] = {}
+    weights, metrics = weight_problems(nonfinite or {})
     for provider, ran in runs.items():
         prefix = GPU_PREFIX if provider == GPU_PROVIDER else ""
         metrics |= {prefix + k: v for k, v in _metrics(ran, ref, probe, sig).items()}
@@ -311,11 +329,14 @@ def verify(runs: dict[str, Outputs], ref: Outputs, probe: Probes, sig: Signature
     if GPU_PROVIDER not in runs:
         where += f"; not on CUDA: {gpu_note or 'not run'}"
     problems, tolerance = judge(metrics, limits)
+    problems = weights + problems
+    tolerance |= {k: 0.0 for k in metrics if k.startswith("weights.")}
     return Verification(
         status="failed" if problems else "passed",
         method=(f"ONNX Runtime {versions.get('onnxruntime', '?')} ({where}) against PyTorch "
                 f"{versions.get('torch', '?')} / transformers {versions.get('transformers', '?')} float32 on the "
-                "model's own tokens; differences over real (unmasked) tokens, NaN/Inf anywhere fails; "
+                "model's own tokens; differences over real (unmasked) tokens, NaN/Inf anywhere in ONNX Runtime's "
+                "outputs, in PyTorch's on real tokens or in a source tensor fails, and NaN in a written initializer; "
                 f"{precision} thresholds"),
         reference=f"{source.repo}@{source.commit}",
         inputs=tuple(inputs),
@@ -334,6 +355,11 @@ def judge(metrics: dict[str, float], limits: Thresholds) -> tuple[list[str], dic
             tolerance[key] = 0.0
             if value:
                 problems.append(f"{key.removesuffix('.nonfinite')} has {value:.0f} NaN/Inf values")
+        elif key.endswith(".reference_nonfinite"):
+            tolerance[key] = 0.0
+            if value:
+                problems.append(f"PyTorch's {key.removesuffix('.reference_nonfinite')} has {value:.0f} NaN/Inf "
+                                "values on real tokens")
         elif key.endswith(".shape_mismatch"):
             problems.append(f"{key.removesuffix('.shape_mismatch')} has the wrong shape")
         elif key.endswith(".max_abs_diff") and limits.max_abs is not None:

@@ -17,6 +17,7 @@ from manifests import Verification
 
 #: Minimum cosine similarity of each output to ONNX Runtime's, by precision.
 MIN_COSINE = {"fp32": 0.999, "fp16": 0.99}
+WHO = {"onnxruntime": "ONNX Runtime", "engine": "the engine"}
 
 
 def feeds(profiles: dict[str, Profile], which: int, vocab: int) -> dict[str, Any]:
@@ -71,6 +72,39 @@ def run_plan(backend: str, plan: bytes, inputs: dict[str, Any]) -> dict[str, Any
     return {n: buffers[n].float().cpu().numpy() for n in names if n not in inputs}
 
 
+def agreement(ref: Any, got: Any) -> tuple[float, dict[str, int]]:
+    """Cosine of an engine's output to ONNX Runtime's (-1 when either holds NaN or Inf), and each side's NaN/Inf."""
+    import numpy as np
+
+    a, b = np.asarray(ref, np.float64).ravel(), np.asarray(got, np.float64).ravel()
+    bad = {"onnxruntime": int(a.size - np.isfinite(a).sum()), "engine": int(b.size - np.isfinite(b).sum())}
+    with np.errstate(all="ignore"):
+        cos = float(a @ b) / max(float(np.linalg.norm(a) * np.linalg.norm(b)), 1e-30)
+    # The worst agreement, not NaN: min() over the outputs would drop a NaN.
+    return (cos if np.isfinite(cos) and not any(bad.values()) else -1.0), bad
+
+
+def _run_target(backend: str, plan: Path, session: Any, profiles: dict[str, Profile],
+                vocab: int) -> tuple[dict[str, float], list[str], list[str]]:
+    """One engine against ONNX Runtime at its profile's min, opt and max shapes: metrics, problems, shapes run."""
+    worst, nonfinite = 1.0, {"onnxruntime": 0, "engine": 0}
+    problems: list[str] = []
+    shapes: list[str] = []
+    for which, label in enumerate(("min", "opt", "max")):
+        x = feeds(profiles, which, vocab)
+        want = dict(zip([o.name for o in session.get_outputs()], session.run(None, x), strict=True))
+        got = run_plan(backend, plan.read_bytes(), x)
+        for name, ref in want.items():
+            cos, bad = agreement(ref, got[name])
+            worst = min(worst, cos)
+            for who, n in bad.items():
+                nonfinite[who] += n
+                problems += [f"{WHO[who]}'s {name} at the {label} shape has {n} NaN/Inf values"] * bool(n)
+        shapes.append(f"{label} shape " + ", ".join(f"{k}={list(v.shape)}" for k, v in x.items()))
+    metrics = {"executed": 1.0, "min_cosine": worst, **{f"{who}_nonfinite": float(n) for who, n in nonfinite.items()}}
+    return metrics, problems, shapes
+
+
 def verify(backend: str, engines: dict[str, Path], onnx_model: Path, profiles: dict[str, Profile], precision: str,
            gpus: Sequence[Gpu], vocab: int, reference: str) -> Verification:
     """Run every engine whose target GPU is here against ONNX Runtime; the others are recorded as not executed."""
@@ -81,25 +115,16 @@ def verify(backend: str, engines: dict[str, Path], onnx_model: Path, profiles: d
     failures: list[str] = []
     inputs_desc: list[str] = []
     if executed:
-        import numpy as np
         import onnxruntime as ort
 
         session = ort.InferenceSession(str(onnx_model), providers=["CPUExecutionProvider"])
         for target, plan in executed.items():
-            worst = 1.0
-            for which, label in enumerate(("min", "opt", "max")):
-                x = feeds(profiles, which, vocab)
-                want = dict(zip([o.name for o in session.get_outputs()], session.run(None, x), strict=True))
-                got = run_plan(backend, plan.read_bytes(), x)
-                for name, ref in want.items():
-                    a, b = ref.astype(np.float64).ravel(), got[name].astype(np.float64).ravel()
-                    cos = float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-30))
-                    worst = min(worst, cos if np.isfinite(b).all() else -1.0)
-                inputs_desc.append(f"{target} {label} shape " + ", ".join(f"{k}={list(v.shape)}" for k, v in x.items()))
-            metrics[f"{target}.executed"] = 1.0
-            metrics[f"{target}.min_cosine"] = worst
-            if worst < MIN_COSINE[precision]:
-                failures.append(f"{target}: min cosine {worst:.5f} < {MIN_COSINE[precision]}")
+            found, problems, shapes = _run_target(backend, plan, session, profiles, vocab)
+            metrics |= {f"{target}.{k}": v for k, v in found.items()}
+            failures += [f"{target}: {p}" for p in problems]
+            inputs_desc += [f"{target} {shape}" for shape in shapes]
+            if not found["min_cosine"] >= MIN_COSINE[precision]:  # NaN fails too
+                failures.append(f"{target}: min cosine {found['min_cosine']:.5f} < {MIN_COSINE[precision]}")
     why = f"this machine's GPU is {gpus[0].name} ({gpus[0].compute_capability})" if gpus else "no GPU on this machine"
     status: Literal["passed", "failed", "unverified"]
     if failures:
@@ -113,6 +138,8 @@ def verify(backend: str, engines: dict[str, Path], onnx_model: Path, profiles: d
     return Verification(
         status=status,
         method=f"each engine run on a GPU of its target against ONNX Runtime (CPU) at the profile's min/opt/max "
-               f"shapes; min cosine per output >= {MIN_COSINE[precision]} ({precision})",
+               f"shapes; min cosine per output >= {MIN_COSINE[precision]} ({precision}), NaN/Inf on either side fails",
         reference=reference, inputs=tuple(inputs_desc), metrics=metrics,
-        tolerance={f"{t}.min_cosine": MIN_COSINE[precision] for t in engines}, detail=detail)
+        tolerance={**{f"{t}.min_cosine": MIN_COSINE[precision] for t in engines},
+                   **{f"{t}.{who}_nonfinite": 0.0 for t in executed for who in ("onnxruntime", "engine")}},
+        detail=detail)

@@ -46,6 +46,33 @@ def test_chunks_cover_every_value_once(tiny_model: Callable[..., Path], monkeypa
     assert found.nonfinite == {"model.layers.0.mlp.down_proj.weight": 5} and found.unreadable == {}
 
 
+@pytest.mark.parametrize(("dtype", "values", "nonfinite", "nan"), [
+    # value bits of each format: 1, max finite, +Inf, -Inf, NaN, -NaN (E4M3 and E8M0 have no Inf)
+    ("F64", [0x3FF0_0000_0000_0000, 0x7FEF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000, 0xFFF0_0000_0000_0000,
+             0x7FF8_0000_0000_0000, 0xFFF0_0000_0000_0001], 4, 2),
+    ("F32", [0x3F80_0000, 0x7F7F_FFFF, 0x7F80_0000, 0xFF80_0000, 0x7FC0_0000, 0xFF80_0001], 4, 2),
+    ("F16", [0x3C00, 0x7BFF, 0x7C00, 0xFC00, 0x7E00, 0xFC01], 4, 2),
+    ("BF16", [0x3F80, 0x7F7F, 0x7F80, 0xFF80, 0x7FC0, 0xFF81], 4, 2),
+    ("F8_E5M2", [0x3C, 0x7B, 0x7C, 0xFC, 0x7E, 0xFD], 4, 2),
+    ("F8_E4M3", [0x38, 0x7E, 0xFE, 0x7F, 0xFF], 2, 2),
+    ("F8_E8M0", [0x7F, 0xFE, 0xFF], 1, 1),
+])
+def test_every_float_format_nan_and_inf_by_their_bits(dtype: str, values: list[int], nonfinite: int, nan: int,
+                                                      tmp_path: Path) -> None:
+    import os
+
+    import numpy as np
+
+    raw = np.asarray(values, dtype=weights.NONFINITE_BITS[dtype][0]).tobytes()
+    (tmp_path / "t").write_bytes(raw)
+    fd = os.open(tmp_path / "t", os.O_RDONLY)
+    try:
+        assert weights.count_nonfinite(fd, dtype, 0, len(raw)) == nonfinite
+        assert weights.count_nonfinite(fd, dtype, 0, len(raw), nan_only=True) == nan
+    finally:
+        os.close(fd)
+
+
 def test_a_file_that_is_no_safetensors_is_noted_not_read(model_dir: Path, mreg: Any, store_root: Path) -> None:
     """Random bytes named .safetensors: no loader reads them, so they carry no weights; the identity still holds."""
     doc = convert(mreg, model_dir, "hf")

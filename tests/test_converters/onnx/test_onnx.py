@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import subprocess
 import sys
@@ -339,6 +340,52 @@ def test_a_tampered_export_fails_and_publishes_nothing(label: str, how: Callable
         not any((store_root / "models" / "m" / "versions").iterdir())
     leftovers = [p for p in (store_root / "tmp").rglob("*") if p.is_file()] if (store_root / "tmp").exists() else []
     assert leftovers == [], "staging is discarded"
+
+
+@needs_onnx
+def test_nan_and_inf_weights_no_probe_reaches_fail_and_publish_nothing(mreg: Any, bert: Path,
+                                                                      store_root: Path) -> None:
+    """The last position embedding (probes are at most 48 tokens of 64) and the second token type (probes are single
+    sentences) never reach an output: only reading the weights finds them."""
+    from support.cli import integrity_refusal
+    from support.tiny_models import set_value
+
+    set_value(bert, "embeddings.position_embeddings.weight", 63 * 32 + 1, float("nan"))
+    set_value(bert, "embeddings.token_type_embeddings.weight", 1 * 32 + 5, float("-inf"))
+    r = mreg("convert", bert, "--to", "onnx", "--name", "m", "--json")
+    err = integrity_refusal(r, store_root, "m", "source tensor embeddings.position_embeddings.weight has 1 NaN/Inf",
+                            "source tensor embeddings.token_type_embeddings.weight has 1 NaN/Inf",
+                            "written initializer model.embeddings.position_embeddings.weight has 1 NaN/Inf")
+    metrics = err["details"]["verification"]["metrics"]
+    assert metrics["last_hidden_state.nonfinite"] == 0.0, "ONNX Runtime's outputs alone would have passed"
+    assert metrics["weights.source_tensor_nonfinite"] == 2.0
+
+
+def test_pytorch_nan_on_real_tokens_fails_and_on_padding_does_not() -> None:
+    """A fully masked row can be NaN in a correct model's attention: only real tokens are judged."""
+    np = pytest.importorskip("numpy")
+    from converters.onnx.verify import THRESHOLDS, compare, judge
+
+    ref = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
+    mask = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    padded = ref.copy()
+    padded[1, 0] = np.nan
+    real = ref.copy()
+    real[0, 4] = np.nan
+    for precision in THRESHOLDS:
+        assert judge(compare("logits", ref.copy(), padded, mask), THRESHOLDS[precision])[0] == []
+        problems, tolerance = judge(compare("logits", ref.copy(), real, mask), THRESHOLDS[precision])
+        assert "PyTorch's logits has 8 NaN/Inf values on real tokens" in problems
+        assert tolerance["logits.reference_nonfinite"] == 0.0
+
+
+def test_the_worst_case_across_batches_keeps_nan() -> None:
+    from converters.onnx.verify import _merge
+
+    for first, second in ((1e-5, float("nan")), (float("nan"), 1e-5)):
+        merged: dict[str, float] = {"logits.max_abs_diff": first, "logits.min_cosine": first}
+        _merge(merged, {"logits.max_abs_diff": second, "logits.min_cosine": second})
+        assert all(math.isnan(v) for v in merged.values()), (first, second)
 
 
 def test_fp32_bound_scales_with_real_logit_magnitudes() -> None:

@@ -396,6 +396,42 @@ def test_engine_for_the_local_gpu_runs_and_matches_onnx_runtime(built: Built, mo
         print(f"\ntensorrt build {cc}: cold {cold['build_s'][cc]:.2f} s, warm {warm['build_s'][cc]:.2f} s")
 
 
+@pytest.mark.parametrize("side", ["engine", "onnxruntime"])
+def test_nan_on_either_side_fails_the_engine(side: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A NaN in the engine's outputs or in ONNX Runtime's fails, named; NaN must not read as agreement."""
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("onnxruntime")
+    from types import SimpleNamespace
+
+    from converters.tensorrt import verify as trt_verify
+
+    logits = np.ones((1, 4, 8), np.float32)
+    poisoned = logits.copy()
+    poisoned[0, 2, 3] = np.nan
+
+    class Session:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def get_outputs(self) -> list[Any]:
+            return [SimpleNamespace(name="logits")]
+
+        def run(self, names: Any, feeds: Any) -> list[Any]:
+            return [poisoned if side == "onnxruntime" else logits]
+
+    monkeypatch.setattr("onnxruntime.InferenceSession", Session)
+    monkeypatch.setattr(trt_verify, "run_plan", lambda *args: {"logits": poisoned if side == "engine" else logits})
+    plan = tmp_path / "model.plan"
+    plan.write_bytes(b"plan")
+    v = trt_verify.verify("tensorrt", {"sm_89": plan}, tmp_path / "model.onnx", {"input_ids": ((1, 1), (1, 4), (2, 8))},
+                          "fp32", [Gpu("test", "sm_89")], 320, "ref")
+    who = {"engine": "the engine", "onnxruntime": "ONNX Runtime"}[side]
+    assert v.status == "failed" and v.detail is not None
+    assert f"sm_89: {who}'s logits at the min shape has 1 NaN/Inf values" in v.detail
+    assert v.metrics[f"sm_89.{side}_nonfinite"] == 3.0 and v.metrics["sm_89.min_cosine"] == -1.0
+    assert v.tolerance[f"sm_89.{side}_nonfinite"] == 0.0
+
+
 def test_ampere_plus_engines_fit_any_ampere_or_later_gpu() -> None:
     from converters.tensorrt.binding import engine_for, fits
     from manifests import EngineRecord, TensorRTRequirements

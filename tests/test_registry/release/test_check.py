@@ -71,7 +71,9 @@ def llama_versions(mreg: Any, tmp_path: Path) -> Path:
     data = bytearray((src / "model.safetensors").read_bytes())
     header = 8 + int.from_bytes(data[:8], "little")
     for i in range(header + 64, len(data) - 64, 97):  # damage weights, keep the header
-        data[i] ^= 0x40
+        # Not a float32's top byte: its 0x40 is the exponent's top bit, which makes ~1.0 Inf or NaN (refused by
+        # --to hf: tests/test_converters/hf); a mantissa bit damages the value as much and leaves it finite.
+        data[i] ^= 0x40 if (i - header) % 4 != 3 else 0
     (src / "model.safetensors").write_bytes(bytes(data))
     assert mreg("convert", src, "--to", "hf", "--name", "tiny").exit_code == 0
     return src
