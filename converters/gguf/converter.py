@@ -34,6 +34,7 @@ from registry.convert.protocol import (
     ConversionResult,
     Converter,
     ConverterBase,
+    Options,
     RawOptions,
     Session,
     main_file,
@@ -195,7 +196,7 @@ class GGUFConverter(ConverterBase):
     name: ClassVar[str] = "mreg.gguf"
     version: ClassVar[str] = "1"
 
-    def options(self, raw: RawOptions) -> dict[str, Any]:
+    def options(self, raw: RawOptions) -> Options:
         """`{"spec": "Q4_K_M"}` -> `{"type": "Q4_K_M"}`; F16 when no type is given."""
         spec = (spec_of("gguf", raw, hint="use --to gguf:Q4_K_M") or DEFAULT_TYPE).upper()
         if spec not in FILE_TYPES:

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from manifests import Artifact, Manifest, Verification
-from registry.convert.protocol import ConversionRequest, ConversionResult, Converter, ConverterBase, RawOptions, Session
+from registry.convert.protocol import (
+    ConversionRequest,
+    ConversionResult,
+    Converter,
+    ConverterBase,
+    Options,
+    RawOptions,
+    Session,
+)
 from registry.errors import UsageError
 
 
@@ -17,7 +25,7 @@ class HFConverter(ConverterBase):
     name: ClassVar[str] = "mreg.hf"
     version: ClassVar[str] = "1"
 
-    def options(self, raw: RawOptions) -> dict[str, Any]:
+    def options(self, raw: RawOptions) -> Options:
         """The identity format takes no options."""
         if raw:
             raise UsageError(f"--to hf takes no options (got {', '.join(sorted(raw))})", hint="use plain --to hf")

@@ -35,6 +35,7 @@ from registry.convert.protocol import (
     ConversionResult,
     Converter,
     ConverterBase,
+    Options,
     RawOptions,
     Session,
     main_file,
@@ -79,7 +80,7 @@ class MissingDependency(UsageError):
         self.missing = missing
 
 
-def parse_spec(spec: str) -> dict[str, Any]:
+def parse_spec(spec: str) -> Options:
     """`"fp16,with-past"` -> the normalized options; unknown, repeated or contradictory tokens are refused."""
     options: dict[str, Any] = {"dtype": "fp32", "quantize": None, "optimize": False, "with_past": False,
                                "exporter": "torchscript"}
@@ -100,7 +101,7 @@ def parse_spec(spec: str) -> dict[str, Any]:
     return options
 
 
-def precision(options: dict[str, Any]) -> str:
+def precision(options: Options) -> str:
     """The precision whose verification thresholds apply: int8, fp16 or fp32."""
     return "int8" if options["quantize"] == "int8" else str(options["dtype"])
 
@@ -126,7 +127,7 @@ class ONNXConverter(ConverterBase):
     #: 3: TorchScript is the default exporter; every graph is stamped IR 10 (TorchScript writes IR 8).
     version: ClassVar[str] = "3"
 
-    def options(self, raw: RawOptions) -> dict[str, Any]:
+    def options(self, raw: RawOptions) -> Options:
         """`{"spec": "fp16,with-past"}` -> `{"dtype": "fp16", "quantize": None, "optimize": False, ...}`."""
         return parse_spec(spec_of("onnx", raw, GRAMMAR))
 

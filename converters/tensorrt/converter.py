@@ -44,6 +44,7 @@ from registry.convert.protocol import (
     ConversionResult,
     Converter,
     ConverterBase,
+    Options,
     RawOptions,
     spec_of,
     stage,
@@ -82,7 +83,7 @@ def parse_shapes(text: str) -> dict[str, list[list[int]]]:
     return dict(sorted(out.items()))
 
 
-def parse_spec(spec: str) -> dict[str, Any]:
+def parse_spec(spec: str) -> Options:
     """The spec as given, normalized: targets sorted and spelled `sm_86`; unknown or repeated keys refused."""
     opts: dict[str, Any] = {"backend": "tensorrt-rtx", "targets": [], "precision": "fp32", "shapes": {},
                             "hardware_compatibility": "none", "version_compatible": False}
@@ -149,7 +150,7 @@ class TensorRTConverter(ConverterBase):
     version: ClassVar[str] = "1"
     needs: ClassVar[tuple[str, ...]] = ("onnx",)
 
-    def options(self, raw: RawOptions) -> dict[str, Any]:
+    def options(self, raw: RawOptions) -> Options:
         """`{"spec": "target=sm_86,precision=fp16"}` -> the normalized options (part of the conversion key)."""
         return finish_options(parse_spec(spec_of("tensorrt", raw, GRAMMAR)))
 

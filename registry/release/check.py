@@ -90,7 +90,7 @@ def evaluate(case: GoldenCase, output: str | None, *, latency_ms: float, tokens_
         failures.append(f"latency {latency_ms:.0f} ms > {e.max_latency_ms:g} ms")
     if e.min_tokens_per_s is not None and (tokens_per_s or 0) < e.min_tokens_per_s:
         failures.append(f"{tokens_per_s or 0:.1f} tokens/s < {e.min_tokens_per_s:g}")
-    if e.min_cosine is not None and (cosine is None or cosine < e.min_cosine):
+    if e.min_cosine is not None and (cosine is None or not cosine >= e.min_cosine):
         failures.append(f"cosine {cosine if cosine is not None else 'n/a'} < {e.min_cosine:g} (against the baseline)")
     if e.baseline and baseline_output is not None and output is not None and output != baseline_output:
         failures.append(f"output differs from the baseline: {_short(output)!r} vs {_short(baseline_output)!r}")
@@ -176,7 +176,7 @@ def _run_case(session: Session, case: GoldenCase, baseline: Baseline | None, out
         failures, hits, total = evaluate(case, None, latency_ms=emb.seconds * 1000, tokens_per_s=None,
                                          cosine=cosine, baseline_output=None)
         if ref is not None and case.expect.baseline and case.expect.min_cosine is None and cosine is not None \
-                and cosine < 0.999:
+                and not cosine >= 0.999:  # NaN fails too
             failures.append(f"embedding moved from the baseline: cosine {cosine:.5f} < 0.999")
         return CaseResult(id=case.id, passed=not failures, prompt_tokens=emb.prompt_tokens,
                           latency_ms=round(emb.seconds * 1000, 3), cosine=cosine,

@@ -45,6 +45,7 @@ def test_latency_throughput_cosine_and_baseline() -> None:
     assert judge(case(max_latency_ms=5), "x") == ["latency 10 ms > 5 ms"]
     assert judge(case(min_tokens_per_s=100), "x") == ["50.0 tokens/s < 100"]
     assert judge(case(min_cosine=0.99), "x", cosine=0.5) == ["cosine 0.5 < 0.99 (against the baseline)"]
+    assert judge(case(min_cosine=0.99), "x", cosine=float("nan")), "a NaN embedding never passes"
     assert judge(case(), "new", baseline_output="old")[0].startswith("output differs from the baseline")
     assert judge(case(baseline=False), "new", baseline_output="old") == []
 
