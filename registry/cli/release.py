@@ -101,6 +101,10 @@ def mount_check_cmd(name: str, alias: str, mount_root: str | None, full: bool, c
         failure = IntegrityError(f"{name} {alias}: a symlink leads out of its place in the store",
                                  hint="remove each symlink named above (`rm LINK`, no trailing slash: its target "
                                       "stays), then re-publish or re-sync the version and promote it")
+    elif report.damaged:
+        failure = IntegrityError(f"{name} {alias}: {len(report.damaged)} file(s) do not match their digests",
+                                 hint="re-publish the version from its source (`mreg convert`), promote it, then "
+                                      "`mreg gc --yes`")
     elif not report.ok:
         failure = MregError(f"{name} {alias} does not meet the mount contract",
                             hint="see the problems above and the README's serving section")

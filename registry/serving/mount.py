@@ -12,6 +12,7 @@ store's, so the CLI makes it an integrity failure (exit 4) rather than a contrac
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,8 @@ class MountReport:
     paths: dict[str, str] = field(default_factory=dict)
     #: The problems that are links leading out of their place (also in `problems`).
     escapes: tuple[str, ...] = ()
+    #: With --verify: files whose bytes do not match their digests (also in `problems`).
+    damaged: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -81,7 +84,8 @@ def mount_check(store: LocalStore, name: str, alias: str = "production", *, moun
         return _report(name, alias, number, problems, escapes)
     if verify:
         checked = verify_version(store, version)
-        problems += [f"{name}@{number}: {p}" for p in checked.problems if p not in checked.links]
+        damaged = [f"{name}@{number}: {p}" for p in checked.problems if p not in checked.links]
+        problems += damaged
         escapes += [f"{name}@{number}: {p}" for p in checked.links]
     else:
         _check_sizes(store, version, problems, escapes)
@@ -89,7 +93,8 @@ def mount_check(store: LocalStore, name: str, alias: str = "production", *, moun
     base = Path(mount_root) if mount_root else store.root
     alias_base = layout.alias_path(base, name, alias)
     paths = {str(a.format): str(engine_path(alias_base, a)) for a in version.manifest.artifacts}
-    return _report(name, alias, number, problems, escapes, paths)
+    report = _report(name, alias, number, problems, escapes, paths)
+    return dataclasses.replace(report, damaged=tuple(damaged)) if verify else report
 
 
 def _check_sizes(store: LocalStore, version: Version, problems: list[str], escapes: list[str]) -> None:

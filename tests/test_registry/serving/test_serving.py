@@ -147,6 +147,18 @@ def test_mount_check(mreg: Any, versions: str, store_root: Path) -> None:
     assert mreg("mount-check", "m", "--alias", "staging").exit_code == 1
 
 
+def test_mount_check_verify_of_damaged_bytes_is_an_integrity_failure(mreg: Any, versions: str,
+                                                                     store_root: Path) -> None:
+    """`--verify` found damaged bytes but exited 1 like any contract violation: it is exit 4, as `verify` says."""
+    mreg("promote", "m@2")
+    config = store_root / "models/m/versions/2/hf/config.json"
+    os.chmod(config, 0o644)
+    config.write_text('{"tampered": true}')
+    r = mreg("mount-check", "m", "--verify", "--json")
+    assert r.exit_code == 4 and r.json["ok"] is False, r.stderr
+    assert "do not match their digests" in r.stderr
+
+
 @pytest.mark.parametrize("where", ["versions/2", "versions/2/hf", "versions/2/hf/config.json"])
 def test_mount_check_refuses_a_link_out_of_the_store(mreg: Any, versions: str, store_root: Path, tmp_path: Path,
                                                      where: str) -> None:
