@@ -8,17 +8,15 @@ pattern is its all-ones exponent and mantissa), so bfloat16 and float8 need no c
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from registry.convert.safetensors import InvalidSafetensors, read_header
 from registry.errors import IntegrityError
 
 #: safetensors float dtype -> (the unsigned integer of its width, the bits all set in Inf and NaN only, the bits
@@ -66,36 +64,11 @@ class Scan:
 
 def float_extents(path: Path) -> list[Extent]:
     """The floating-point tensors of a safetensors file, from its header; NotSafetensors if it has no valid one."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise NotSafetensors("shorter than a safetensors header")
-        (length,) = struct.unpack("<Q", prefix)
-        if length > min(MAX_HEADER_BYTES, size - 8):
-            raise NotSafetensors(f"its header length {length} exceeds the file or safetensors' limit")
-        try:
-            header = json.loads(f.read(length))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise NotSafetensors(f"its header is not JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise NotSafetensors("its header is not a JSON object")
-    data = 8 + length
-    return [_extent(name, info, path, data, size) for name, info in header.items()
-            if name != "__metadata__" and _is_float(info)]
-
-
-def _is_float(info: Any) -> bool:
-    return isinstance(info, dict) and info.get("dtype") in NONFINITE_BITS
-
-
-def _extent(name: str, info: dict[str, Any], path: Path, data: int, size: int) -> Extent:
-    """One header entry's byte range, refused when it is not inside the file."""
-    offsets = info.get("data_offsets")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-            and 0 <= offsets[0] <= offsets[1] <= size - data):
-        raise NotSafetensors(f"tensor {name} has data_offsets {offsets!r} outside the file")
-    return Extent(name, path, info["dtype"], data + offsets[0], data + offsets[1])
+    try:
+        entries = read_header(path)  # the registry's reader: every size checked against the file
+    except InvalidSafetensors as err:
+        raise NotSafetensors(str(err).split(": ", 1)[-1]) from None
+    return [Extent(e.name, path, e.dtype, e.start, e.end) for e in entries.values() if e.dtype in NONFINITE_BITS]
 
 
 def _chunks(extent: Extent) -> Iterator[tuple[Extent, int, int]]:
