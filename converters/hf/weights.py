@@ -28,8 +28,6 @@ NONFINITE_BITS: dict[str, tuple[str, int, int]] = {
 }
 #: Bytes read per work item: a few per thread keep memory small and numpy's per-call cost negligible.
 CHUNK_BYTES = 8 << 20
-#: The largest header the safetensors library itself reads.
-MAX_HEADER_BYTES = 100 << 20
 WORKERS = 4
 
 
