@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from converters.gguf.quants.blocks import Floats
-from registry.convert.safetensors import read_header
+from registry.convert.safetensors import read_header, read_into
 from registry.errors import IntegrityError, UsageError
 
 #: Hugging Face `architectures[0]` -> GGUF architecture.
@@ -347,13 +347,9 @@ def widen(raw: np.ndarray[Any, Any], dtype: str, out: Floats | None = None) -> F
 def pread_exact(fd: int, buf: np.ndarray[Any, Any], offset: int) -> None:
     """Fill `buf` from `fd` at `offset` (pread may return less than asked); a file too short is refused."""
     view = buf.data.cast("B")
-    done = 0
-    while done < len(view):
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got == 0:
-            raise UnsupportedModel("a safetensors file is shorter than its header says",
-                                   hint="the file is truncated: pull the model again")
-        done += got
+    if read_into(fd, view, offset) < len(view):
+        raise UnsupportedModel("a safetensors file is shorter than its header says",
+                               hint="the file is truncated: pull the model again")
 
 
 def load_weights(files: Iterable[Path]) -> dict[str, SourceTensor]:

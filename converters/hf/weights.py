@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from registry.convert.safetensors import InvalidSafetensors, read_header
+from registry.convert.safetensors import InvalidSafetensors, read_header, read_into
 from registry.errors import IntegrityError
 
 #: safetensors float dtype -> (the unsigned integer of its width, the bits all set in Inf and NaN only, the bits
@@ -83,13 +83,9 @@ def count_nonfinite(fd: int, dtype: str, start: int, stop: int, nan_only: bool =
     kind, bits, magnitude = NONFINITE_BITS[dtype]
     raw = np.empty((stop - start) // np.dtype(kind).itemsize, dtype=kind)
     view = raw.data.cast("B")
-    done = 0
-    while done < len(view):
-        got = os.preadv(fd, [view[done:]], start + done)
-        if got == 0:
-            raise ShortRead("a weights file is shorter than its header says (was it changed while it was read?)",
-                            hint="pull the model again")
-        done += got
+    if read_into(fd, view, start) < len(view):
+        raise ShortRead("a weights file is shorter than its header says (was it changed while it was read?)",
+                        hint="pull the model again")
     if nan_only and bits != magnitude:
         np.bitwise_and(raw, raw.dtype.type(magnitude), out=raw)
         return int(np.count_nonzero(raw > raw.dtype.type(bits)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,3 +96,17 @@ def _refuse_overlaps(path: Path, entries: list[TensorEntry]) -> None:
     for a, b in itertools.pairwise(ordered):
         if b.start < a.end:
             raise InvalidSafetensors(path, f"tensors {a.name!r} and {b.name!r} overlap")
+
+
+def read_into(fd: int, view: memoryview, offset: int) -> int:
+    """Fill `view` from `fd` at `offset` (pread may return less than asked); the bytes read, fewer at end of file.
+
+    Fresh buffers, no mapping: a file changed while it is read is a short read, never a crash.
+    """
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            break
+        done += got
+    return done
