@@ -1,38 +1,25 @@
 """The tokenizer of a Hugging Face snapshot as GGUF metadata (what llama.cpp's vocab loader reads).
 
-Two kinds: SentencePiece (`tokenizer.model`, read here with a small protobuf reader so that no
-sentencepiece install is needed) and byte-level BPE (`tokenizer.json`), whose pre-tokenizer is
-recognized from its structure and regex. Special token ids, add-bos/eos flags, merges and the
-chat template come from gguf's `SpecialVocab`, the same reader llama.cpp's converter uses.
+Two kinds: SentencePiece (`tokenizer.model`, read with a small protobuf reader: no sentencepiece
+install needed) and byte-level BPE (`tokenizer.json`), whose pre-tokenizer is named as llama.cpp's
+converter names it (converters/gguf/pretokenizer.py). Special token ids, add-BOS/EOS flags, merges
+and chat templates are read as llama.cpp's converter reads them (converters/gguf/special.py).
 Anything else is refused with the reason, before a byte is written.
 """
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from converters.gguf.pretokenizer import Detected, detect
+from converters.gguf.special import Special, read_object, read_special
 from registry.errors import UsageError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-
-#: The Split regexes of known byte-level BPE tokenizers -> llama.cpp's pre-tokenizer name.
-_SPLIT_REGEXES = {
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+": "gpt-2",
-}
-
-#: SpecialVocab's token kinds -> the middle of their GGUF key (llama.cpp spells "seperator" so).
-_ID_KEYS = {"bos": "bos", "eos": "eos", "eot": "eot", "eom": "eom", "unk": "unknown", "sep": "seperator",
-            "pad": "padding", "mask": "mask"}
-
 
 class UnsupportedTokenizer(UsageError):
     """The snapshot's tokenizer is of a kind this converter cannot describe to llama.cpp."""
@@ -47,68 +34,48 @@ class Vocab:
     tokens: list[str]
     types: list[int]
     scores: list[float] | None = None
-    merges: list[str] = field(default_factory=list)
-    special_ids: dict[str, int] = field(default_factory=dict)
-    add_special: dict[str, bool] = field(default_factory=dict)
-    chat_template: str | None = None
+    special: Special = field(default_factory=Special)
     add_space_prefix: bool | None = None
+    #: How a BPE tokenizer's pre-tokenizer name was found (recorded with the conversion).
+    pre_detected: Detected | None = None
+
+    @property
+    def chat_template(self) -> str | None:
+        """The default chat template (stored verbatim, with any named ones, in the file)."""
+        return self.special.default_template()
 
     def metadata(self) -> Iterator[tuple[str, Any]]:
-        """The tokenizer.* keys with their values (lists stay lists)."""
+        """The tokenizer.* keys with their values (lists stay lists), as llama.cpp's converter writes them."""
         yield "tokenizer.ggml.model", self.model
         yield "tokenizer.ggml.pre", self.pre
         yield "tokenizer.ggml.tokens", self.tokens
         if self.scores is not None:
             yield "tokenizer.ggml.scores", self.scores
         yield "tokenizer.ggml.token_type", self.types
-        if self.merges:
-            yield "tokenizer.ggml.merges", self.merges
-        for typ, tid in sorted(self.special_ids.items()):
-            if typ in _ID_KEYS:
-                yield f"tokenizer.ggml.{_ID_KEYS[typ]}_token_id", tid
-        for typ, flag in sorted(self.add_special.items()):
-            if typ in ("bos", "eos", "sep"):
-                yield f"tokenizer.ggml.add_{typ}_token", flag
         if self.add_space_prefix is not None:
             yield "tokenizer.ggml.add_space_prefix", self.add_space_prefix
-        if self.chat_template is not None:
-            yield "tokenizer.chat_template", self.chat_template
+        yield from self.special.metadata()
 
 
 def _looks_special(text: str) -> bool:
-    """Added tokens some models forget to mark special (llama.cpp's converter treats them as control)."""
-    return text in ("<pad>", "<mask>") or (text.startswith("<|") and text.endswith("|>"))
-
-
-def _pre_tokenizer(doc: dict[str, Any]) -> str:
-    """llama.cpp's name for the pre-tokenizer of a byte-level BPE tokenizer.json."""
-    pre = doc.get("pre_tokenizer") or {}
-    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
-        return "gpt-2"
-    if pre.get("type") == "Sequence":
-        steps = pre.get("pretokenizers", [])
-        splits = [s for s in steps if s.get("type") == "Split"]
-        levels = [s for s in steps if s.get("type") == "ByteLevel" and not s.get("use_regex", True)]
-        if len(splits) == 1 and len(levels) == 1 and len(steps) == 2:
-            regex = splits[0].get("pattern", {}).get("Regex")
-            if regex in _SPLIT_REGEXES:
-                return _SPLIT_REGEXES[regex]
-            raise UnsupportedTokenizer(f"tokenizer.json splits with an unknown regex {regex!r}",
-                                       hint=f"known pre-tokenizers: {', '.join(sorted(_SPLIT_REGEXES.values()))}")
-    raise UnsupportedTokenizer(f"tokenizer.json has an unsupported pre_tokenizer {json.dumps(pre)[:200]}",
-                               hint="supported: byte-level BPE (gpt-2, llama-bpe, qwen2) and SentencePiece")
+    """Added tokens some models forget to mark special, which llama.cpp's converter types as control anyway:
+    deepseek-coder's `<pad>` and full-width `<｜…｜>`, Gemma's `<mask>`, `<2mass>`, `[@BOS@]` and `<unused…>`,
+    and any `<|…|>`."""
+    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (text.startswith("<|") and text.endswith("|>"))
+            or (text.startswith("<\uff5c") and text.endswith("\uff5c>"))
+            or (text.startswith("<unused") and text.endswith(">")))
 
 
 def _bpe(directory: Path, vocab_size: int) -> Vocab:
     """A byte-level BPE tokenizer.json (GPT-2 style, as Qwen and Llama 3 ship)."""
-    doc = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+    doc = read_object(directory / "tokenizer.json") or {}
     model = doc.get("model", {})
     if model.get("type") != "BPE" or model.get("byte_fallback") or (doc.get("decoder") or {}).get("type") not in (
         "ByteLevel", None
     ):
         raise UnsupportedTokenizer("tokenizer.json is not a byte-level BPE tokenizer",
                                    hint="supported: byte-level BPE tokenizer.json, or a SentencePiece tokenizer.model")
-    pre = _pre_tokenizer(doc)
+    detected = detect(directory, doc)
     by_id: dict[int, tuple[str, int]] = {i: (t, NORMAL) for t, i in model["vocab"].items()}
     for added in doc.get("added_tokens", []):
         text = added["content"]
@@ -117,30 +84,11 @@ def _bpe(directory: Path, vocab_size: int) -> Vocab:
     size = max(vocab_size, max(by_id) + 1)
     tokens = [by_id.get(i, (f"[PAD{i}]", UNUSED))[0] for i in range(size)]
     types = [by_id.get(i, ("", UNUSED))[1] for i in range(size)]
-    vocab = Vocab(model="gpt2", pre=pre, tokens=tokens, types=types)
-    _special(directory, vocab, load_merges=True)
-    if not vocab.merges:
+    vocab = Vocab(model="gpt2", pre=detected.name, tokens=tokens, types=types, pre_detected=detected)
+    vocab.special = read_special(directory, len(tokens), load_merges=True)
+    if not vocab.special.merges:
         raise UnsupportedTokenizer("tokenizer.json has no merges", hint="a BPE tokenizer needs its merges")
     return vocab
-
-
-def _special(directory: Path, vocab: Vocab, load_merges: bool) -> None:
-    """Special ids, add flags, merges and chat template, read as llama.cpp's converter reads them."""
-    import logging
-
-    import gguf
-
-    # SpecialVocab logs warnings about odd templates; the library must not print.
-    logging.getLogger("gguf.vocab").setLevel(logging.ERROR)
-    special = gguf.SpecialVocab(directory, load_merges=load_merges, n_vocab=len(vocab.tokens))
-    vocab.merges = list(special.merges)
-    vocab.special_ids = dict(special.special_token_ids)
-    vocab.add_special = dict(special.add_special_token)
-    template = special.chat_template
-    if isinstance(template, str) or template is None:
-        vocab.chat_template = template
-    else:
-        vocab.chat_template = next((t["template"] for t in template if t.get("name") == "default"), None)
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -205,10 +153,10 @@ def _sentencepiece(directory: Path, vocab_size: int) -> Vocab:
     if not tokens:
         raise UnsupportedTokenizer("tokenizer.model holds no pieces")
     config = directory / "tokenizer_config.json"
-    decoder = json.loads(config.read_text(encoding="utf-8")).get("added_tokens_decoder", {}) if config.is_file() else {}
+    decoder = (read_object(config) or {}).get("added_tokens_decoder") or {}
     size = max(vocab_size, len(tokens))
     tokens += [f"[PAD{i}]" for i in range(len(tokens), size)]
-    scores += [-1000.0] * (size - len(scores))
+    scores += [-10000.0] * (size - len(scores))  # llama.cpp's converter's score for ids no piece or token names
     types += [UNUSED] * (size - len(types))
     for key, data in decoder.items():
         tid = int(key)
@@ -220,10 +168,7 @@ def _sentencepiece(directory: Path, vocab_size: int) -> Vocab:
             scores[tid] = -1000.0
     vocab = Vocab(model="llama", pre="default", tokens=tokens, types=types, scores=scores,
                   add_space_prefix=None if add_dummy_prefix else False)
-    _special(directory, vocab, load_merges=False)
-    if "unk" not in vocab.special_ids and UNKNOWN in types:
-        # Found by name in tokenizer.json when the repository ships one; the model itself marks its piece.
-        vocab.special_ids["unk"] = types.index(UNKNOWN)
+    vocab.special = read_special(directory, len(tokens), load_merges=False)
     return vocab
 
 
