@@ -2,8 +2,9 @@
 
 Two kinds: SentencePiece (`tokenizer.model`, read here with a small protobuf reader so that no
 sentencepiece install is needed) and byte-level BPE (`tokenizer.json`), whose pre-tokenizer is
-recognized from its structure and regex. Special token ids, add-bos/eos flags, merges and the
-chat template come from gguf's `SpecialVocab`, the same reader llama.cpp's converter uses.
+recognized from its structure and regex. Special token ids, add-bos/eos flags and merges come
+from gguf's `SpecialVocab`, the same reader llama.cpp's converter uses; the chat templates are read
+as transformers reads them (`chat_templates`), verbatim.
 Anything else is refused with the reason, before a byte is written.
 """
 
@@ -51,6 +52,8 @@ class Vocab:
     special_ids: dict[str, int] = field(default_factory=dict)
     add_special: dict[str, bool] = field(default_factory=dict)
     chat_template: str | None = None
+    #: Other templates by name (`tool_use`, ...), stored as llama.cpp's converter stores them.
+    named_chat_templates: dict[str, str] = field(default_factory=dict)
     add_space_prefix: bool | None = None
 
     def metadata(self) -> Iterator[tuple[str, Any]]:
@@ -73,6 +76,16 @@ class Vocab:
             yield "tokenizer.ggml.add_space_prefix", self.add_space_prefix
         if self.chat_template is not None:
             yield "tokenizer.chat_template", self.chat_template
+        names = {_template_key(name): text for name, text in self.named_chat_templates.items()}
+        for name, text in sorted(names.items()):
+            yield f"tokenizer.chat_template.{name}", text
+        if names:
+            yield "tokenizer.chat_templates", sorted(names)
+
+
+def _template_key(name: str) -> str:
+    """A template's name as a GGUF key part: llama.cpp's writer keeps letters and digits, the rest becomes `_`."""
+    return "".join(c if c.isascii() and c.isalnum() else "_" for c in name)
 
 
 def _looks_special(text: str) -> bool:
@@ -136,11 +149,39 @@ def _special(directory: Path, vocab: Vocab, load_merges: bool) -> None:
     vocab.merges = list(special.merges)
     vocab.special_ids = dict(special.special_token_ids)
     vocab.add_special = dict(special.add_special_token)
-    template = special.chat_template
-    if isinstance(template, str) or template is None:
-        vocab.chat_template = template
-    else:
-        vocab.chat_template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    templates = chat_templates(directory)
+    vocab.chat_template = templates.pop("default", None)
+    vocab.named_chat_templates = templates
+
+
+def chat_templates(directory: Path) -> dict[str, str]:
+    """The snapshot's chat templates by name, read as transformers 5's tokenizer reads them.
+
+    `chat_template.jinja` and `additional_chat_templates/NAME.jinja`, when any exists, replace the
+    `chat_template` of tokenizer_config.json (a string, the default, or a list of {name, template});
+    gguf's SpecialVocab does the opposite (the config wins) and ignores the files when the config is
+    missing, so the GGUF file would carry another template than the one transformers renders with.
+    `chat_template.json` (where processors keep it) is read last, as llama.cpp's converter reads it.
+    Files are read as text, as transformers reads them: the template is what its tokenizer holds.
+    """
+    found: dict[str, str] = {}
+    default, extra = directory / "chat_template.jinja", directory / "additional_chat_templates"
+    if default.is_file():
+        found["default"] = default.read_text(encoding="utf-8")
+    if extra.is_dir():
+        found.update((p.name.removesuffix(".jinja"), p.read_text(encoding="utf-8"))
+                     for p in sorted(extra.glob("*.jinja")) if p.is_file())
+    if found:
+        return found
+    for name in ("tokenizer_config.json", "chat_template.json"):
+        path = directory / name
+        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template") if path.is_file() else None
+        if isinstance(template, str):
+            return {"default": template}
+        if isinstance(template, list):
+            return {t["name"]: t["template"] for t in template
+                    if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)}
+    return {}
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
