@@ -54,7 +54,7 @@ class HFTokenizerSession:
         try:
             text: str = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                            add_generation_prompt=True)
-        except Exception as e:  # noqa: BLE001 - the template is a program from the model's repository: what it
-            # raises (its raise_exception, an undefined attribute, a TypeError) is its refusal of this case.
+        except Exception as e:  # the template is a program from the model's repository: what it raises (its
+            # raise_exception, an undefined attribute, a TypeError) is its refusal of this case.
             raise chat.failure(e) from e
         return text

@@ -65,8 +65,8 @@ def render(template: str, messages: Sequence[Mapping[str, Any]], *, tools: Seque
                      add_generation_prompt=add_generation_prompt)
     try:
         text: str = compiled.render(**variables)
-    except Exception as e:  # noqa: BLE001 - a template is a program from the model's repository: all it raises is its
-        # refusal of this input (TemplateError, TypeError, KeyError...), reported as one line, never a traceback.
+    except Exception as e:  # a template is a program from the model's repository: all it raises is its refusal
+        # of this input (TemplateError, TypeError, KeyError...), reported as one line, never a traceback.
         raise failure(e) from e
     return text
 
@@ -115,7 +115,7 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = N
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _strftime_now(format: str) -> str:  # noqa: A002 - the name templates call it with
+def _strftime_now(format: str) -> str:
     """Today's date or time in a template's format (Llama 3.1 writes the date into its system prompt)."""
     return datetime.now().strftime(format)
 
@@ -140,7 +140,7 @@ def _check_name(name: object) -> None:
 class _TemplateNamespace(jinja2.utils.Namespace):
     """jinja's `namespace`, refusing underscore-prefixed names (a way into CPython's internals)."""
 
-    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - jinja's own trick: `namespace(self=1)` works
+    def __init__(*args: Any, **kwargs: Any) -> None:  # no named self, as jinja's: `namespace(self=1)` works
         self, rest = args[0], args[1:]
         attrs = dict(*rest, **kwargs)
         for name in attrs:
@@ -161,7 +161,9 @@ class _GenerationBlock(jinja2.ext.Extension):
         """The block's body, rendered through `_body`."""
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+        block = jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body)
+        block.set_lineno(lineno)
+        return block
 
     def _body(self, caller: jinja2.runtime.Macro) -> str:
         return str(caller())

@@ -137,7 +137,8 @@ def test_the_collection_is_all_there(llama_cpp_root: Path) -> None:
 
 
 def test_raise_exception_and_syntax_errors_are_one_usage_error_line() -> None:
-    refusing = "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation roles must\nalternate') }}{% endif %}"
+    refusing = ("{% if messages[0].role != 'user' %}{{ raise_exception('Conversation roles must\nalternate') }}"
+                "{% endif %}")
     with pytest.raises(UsageError) as e:
         chat.render(refusing, [{"role": "system", "content": "x"}])
     assert str(e.value) == "the chat template refuses this conversation: Conversation roles must alternate"
@@ -150,7 +151,7 @@ def test_raise_exception_and_syntax_errors_are_one_usage_error_line() -> None:
 
 
 def test_the_sandbox_and_transformers_globals() -> None:
-    """What transformers' environment adds: trimmed blocks, loop controls, generation blocks, tojson, dict, namespace."""
+    """What transformers' environment has: trimmed blocks, loop controls, generation blocks, tojson, dict, namespace."""
     template = ("{% for m in messages %}{% if m.role == 'skip' %}{% continue %}{% endif %}\n"
                 "{% generation %}{{ m.content | tojson }}{% endgeneration %}|{% endfor %}"
                 "{{ dict(a=1) | tojson(indent=1, sort_keys=True) }}{% set ns = namespace(n=0) %}")

@@ -171,7 +171,9 @@ def test_check_runs_gguf_and_onnx_artifacts(mreg: Any, tmp_path: Path, fmt: str)
     assert mreg("convert", src, "--to", target, "--to", "hf", "--name", "t").exit_code == 0
     golden = write_golden(tmp_path / f"{fmt}.jsonl", [
         {"id": "p", "prompt": "Hello, my name is", "max_new_tokens": 6},
-        {"id": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_new_tokens": 4}])
+        {"id": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_new_tokens": 4},
+        {"id": "tools", "messages": [{"role": "user", "content": "Weather?"}], "max_new_tokens": 4, "tools": [
+            {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]}])
     rec = mreg("check", "t@1", "--golden", golden, "--format", fmt, "--record-baseline", "--json")
     assert rec.exit_code == 0, rec.stderr
     assert rec.json["runtime"] == {"gguf": "llama.cpp", "onnx": "onnxruntime"}[fmt]
