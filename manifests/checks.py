@@ -14,11 +14,23 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ChatMessage(_Strict):
-    """One message of a chat input."""
+class ChatMessage(BaseModel):
+    """One message of a chat input, passed to the chat template as written.
 
-    role: Literal["system", "user", "assistant"]
-    content: str
+    Open, unlike the records: a message may carry what the model's template reads and transformers
+    passes through (`tool_calls`, `tool_call_id`, `name`, `reasoning_content`, content parts), and
+    the template, not mreg, is the judge of roles and fields (it raises when it refuses them).
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    role: str = Field(min_length=1)
+    #: Text, content parts (`[{"type": "text", "text": ...}]`), or absent/null (an assistant's tool call).
+    content: str | list[dict[str, Any]] | None = None
+
+    def template_input(self) -> dict[str, Any]:
+        """The message as the template sees it: the keys written, extras included, in the file's JSON types."""
+        return self.model_dump(mode="json", exclude_unset=True)
 
 
 class Expectations(_Strict):
@@ -41,7 +53,10 @@ class GoldenCase(_Strict):
 
     id: str = Field(min_length=1, max_length=200)
     prompt: str | None = None
-    messages: tuple[ChatMessage, ...] | None = None
+    messages: tuple[ChatMessage, ...] | None = Field(default=None, min_length=1)
+    #: Tools offered to the chat template with `messages`: JSON-schema function specs, as transformers takes them
+    #: (`{"type": "function", "function": {"name", "description", "parameters"}}`).
+    tools: tuple[dict[str, Any], ...] | None = None
     text: str | None = None
     max_new_tokens: int = Field(default=32, ge=1, le=4096)
     expect: Expectations = Field(default_factory=Expectations)
@@ -51,6 +66,8 @@ class GoldenCase(_Strict):
         given = [k for k in ("prompt", "messages", "text") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of prompt, messages, text (got {', '.join(given) or 'none'})")
+        if self.tools is not None and self.messages is None:
+            raise ValueError("tools go with messages (the chat template renders them)")
         return self
 
 

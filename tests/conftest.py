@@ -69,3 +69,22 @@ def write_model(dest: Path, seed: int = 0, size: int = 1 << 16) -> Path:
 def model_dir(tmp_path: Path) -> Iterator[Path]:
     """A local model directory to pull from."""
     yield write_model(tmp_path / "src-model")
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """llama.cpp's files from llama-cpp-python's source package, which `nox -s tests` downloads and names.
+
+    Without MREG_LLAMA_CPP_SDIST (pytest run by hand) the tests that need them skip; with it, any
+    problem fails them.
+    """
+    from support.llama_cpp_source import SDIST_ENV, Unavailable, source
+
+    cache = getattr(request.config, "cache", None)
+    where = Path(cache.mkdir("llama-cpp-source")) if cache is not None else tmp_path_factory.mktemp("llama-cpp")
+    try:
+        return source(where)
+    except Unavailable as e:
+        if os.environ.get(SDIST_ENV):
+            raise
+        pytest.skip(str(e))

@@ -46,7 +46,9 @@ class GGUFSession:
         self.runtime_version = str(hello["runtime_version"])
         self.context_length: int = int(hello["context_length"])
         self.template: str | None = hello.get("template")
-        self._bos, self._eos = str(hello["bos"]), str(hello["eos"])
+        #: The file's named templates (`tokenizer.chat_template.NAME`), e.g. `tool_use`.
+        self.templates: dict[str, str] = dict(hello.get("templates") or {})
+        self._special_tokens: dict[str, str] = dict(hello.get("special_tokens") or {})
 
     def _ask(self, request: dict[str, Any] | None, doing: str) -> dict[str, Any]:
         """Send one request (None: read the greeting) and read its answer; a dead child is RuntimeCrashed."""
@@ -71,16 +73,20 @@ class GGUFSession:
         """Tokens llama.cpp makes of a text, BOS included when the model adds it."""
         return int(self._ask({"op": "tokens", "text": text}, "tokenizing")["count"])
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """Render with the chat template stored in the GGUF metadata."""
-        if not self.template:
-            raise UsageError("this GGUF file has no chat template", hint="use `prompt` instead of `messages`")
-        import jinja2
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """Render with the chat template stored in the GGUF metadata, as transformers renders it.
 
-        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-        text: str = env.from_string(self.template).render(messages=messages, add_generation_prompt=True,
-                                                           bos_token=self._bos, eos_token=self._eos)
-        return text
+        The template and the special tokens come from the file; with tools, a `tool_use` template
+        the file also carries is chosen, as transformers chooses it from the source's templates.
+        """
+        from registry.convert import chat
+
+        template = self.templates.get("tool_use") if tools is not None else None
+        template = template or self.template
+        if not template:
+            raise UsageError("this GGUF file has no chat template", hint="use `prompt` instead of `messages`")
+        return chat.render(template, messages, tools=tools, add_generation_prompt=True,
+                           special_tokens=self._special_tokens)
 
     def generate(self, prompt: str, max_new_tokens: int) -> Generation:
         """Greedy completion."""

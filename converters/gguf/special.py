@@ -10,8 +10,7 @@ The rules, in order of precedence:
   tokenizer_config.json's `add_*_token`;
 - ids: tokenizer_config.json's `*_token` names found among tokenizer.json's added tokens, then config.json's
   `*_token_id` (or its text_config's), the first answer for each kind winning; ids past the vocabulary dropped;
-- chat template: tokenizer_config.json's, else chat_template.jinja (with additional_chat_templates/*.jinja as
-  named ones), else chat_template.json's.
+- chat templates: as transformers reads them (see `_chat_template`: the one place mreg differs from llama.cpp).
 Files that are not JSON objects are refused (the caller reports which), never half-read.
 """
 
@@ -235,19 +234,33 @@ def _post_processor(special: Special, names: _Names, post: Any) -> None:
             _template_processing(special, names, processor)
 
 
-def _chat_template(directory: Path, config: dict[str, Any]) -> Any:
-    jinja, as_json = directory / "chat_template.jinja", directory / "chat_template.json"
-    alternative: Any = None
-    if jinja.is_file():
-        alternative = jinja.read_text(encoding="utf-8")
-        extra = sorted((directory / "additional_chat_templates").glob("*.jinja"))
-        if extra:
-            alternative = [{"name": "default", "template": alternative},
-                           *({"name": p.stem, "template": p.read_text(encoding="utf-8")} for p in extra)]
-    elif as_json.is_file():
-        alternative = (read_object(as_json) or {}).get("chat_template")
-    template = config.get("chat_template", alternative)
-    return template if template is None or isinstance(template, (str, list)) else None
+def _chat_template(directory: Path, config: dict[str, Any] | None) -> str | list[dict[str, str]] | None:
+    """The snapshot's chat templates, read as transformers 5's tokenizer reads them (what `apply_chat_template`
+    renders with, so what mreg stores and checks).
+
+    `chat_template.jinja` and `additional_chat_templates/NAME.jinja`, when any exists, replace tokenizer_config.json's
+    `chat_template` (a string, or a list of {name, template}); then chat_template.json's. Here mreg parts from
+    llama.cpp's converter on purpose: its gguf-py lets the config win and skips the files when there is no config,
+    so its GGUF can carry a template other than the one transformers renders. Files are read as text (universal
+    newlines), as transformers reads them.
+    """
+    found: dict[str, str] = {}
+    default, extra = directory / "chat_template.jinja", directory / "additional_chat_templates"
+    if default.is_file():
+        found["default"] = default.read_text(encoding="utf-8")
+    if extra.is_dir():
+        found.update((p.name.removesuffix(".jinja"), p.read_text(encoding="utf-8"))
+                     for p in sorted(extra.glob("*.jinja")) if p.is_file())
+    if found:
+        return found["default"] if list(found) == ["default"] else [{"name": k, "template": v} for k, v in found.items()]
+    for doc in (config, read_object(directory / "chat_template.json")):
+        template = (doc or {}).get("chat_template")
+        if isinstance(template, str):
+            return template
+        if isinstance(template, list):
+            return [{"name": t["name"], "template": t["template"]} for t in template
+                    if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)]
+    return None
 
 
 def _set(special: Special, n_vocab: int, kind: str, tid: Any) -> None:
@@ -272,11 +285,11 @@ def read_special(directory: Path, n_vocab: int, load_merges: bool) -> Special:
         added = [t for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)]
         names = _Names(config)
         _post_processor(special, names, tokenizer.get("post_processor"))
+    try:
+        special.chat_template = _chat_template(directory, config)
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidTokenizerFile(f"cannot read the chat template: {e}", hint="re-pull the repository") from e
     if config is not None:
-        try:
-            special.chat_template = _chat_template(directory, config)
-        except (OSError, UnicodeDecodeError) as e:
-            raise InvalidTokenizerFile(f"cannot read the chat template: {e}", hint="re-pull the repository") from e
         for kind in special.kinds:
             flag = config.get(f"add_{kind}_token")
             if isinstance(flag, bool):

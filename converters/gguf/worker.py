@@ -24,13 +24,13 @@ def serve(path: Path, n_ctx: int, requests: TextIO, answers: TextIO) -> None:
 
     llm = load(path, n_ctx=n_ctx, seed=0, n_threads=max(1, min(2, os.cpu_count() or 1)))
 
-    def piece(token: int) -> str:
-        return str(llm.detokenize([token]).decode(errors="replace"))
-
+    meta: dict[str, str] = dict(llm.metadata)
+    prefix = "tokenizer.chat_template."
     _answer(answers, {"runtime_version": f"llama-cpp-python {llama_cpp.__version__} ({_settings()})",
                       "context_length": int(llm.n_ctx()),
-                      "template": llm.metadata.get("tokenizer.chat_template"),
-                      "bos": piece(llm.token_bos()), "eos": piece(llm.token_eos())})
+                      "template": meta.get("tokenizer.chat_template"),
+                      "templates": {k[len(prefix):]: v for k, v in meta.items() if k.startswith(prefix)},
+                      "special_tokens": special_tokens(llm, meta)})
     for line in requests:
         req = json.loads(line)
         if req["op"] == "close":
@@ -47,6 +47,25 @@ def serve(path: Path, n_ctx: int, requests: TextIO, answers: TextIO) -> None:
                               "output_tokens": int(usage.get("completion_tokens", 0)),
                               "seconds": time.perf_counter() - t0})
     llm.close()
+
+
+#: transformers' special-token names -> the middle of their GGUF id key (llama.cpp spells "seperator" so).
+_SPECIAL_KEYS = {"bos_token": "bos", "eos_token": "eos", "unk_token": "unknown", "sep_token": "seperator",
+                 "pad_token": "padding", "cls_token": "cls", "mask_token": "mask"}
+
+
+def special_tokens(llm: Any, meta: dict[str, str]) -> dict[str, str]:
+    """The text of each special token the file names, under transformers' names (what chat templates read).
+
+    Only the ids the file records: a tokenizer without, say, a BOS token leaves `bos_token` undefined
+    in transformers, and llama.cpp's own default id would put a token there that the model never had.
+    """
+    found: dict[str, str] = {}
+    for name, key in _SPECIAL_KEYS.items():
+        value = meta.get(f"tokenizer.ggml.{key}_token_id")
+        if value is not None and 0 <= int(value) < llm.n_vocab():
+            found[name] = llm.detokenize([int(value)], special=True).decode("utf-8", errors="replace")
+    return found
 
 
 def _settings() -> str:

@@ -39,9 +39,22 @@ class HFTokenizerSession:
         """Tokens of a text, with the special tokens the tokenizer adds."""
         return len(self.tokenizer(text)["input_ids"])
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """Render with the tokenizer's chat template."""
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """Render with transformers' own apply_chat_template, tools passed through.
+
+        transformers stays the renderer here rather than mreg's copy (registry.convert.chat, which GGUF
+        uses): the hf runtime is the reference the other formats are judged against, so it renders
+        what a transformers user gets, chosen template (`tool_use` when tools are given) and special
+        tokens included; the tests hold mreg's copy equal to it. Its failures become one UsageError line.
+        """
+        from registry.convert import chat
+
         if not getattr(self.tokenizer, "chat_template", None):
             raise UsageError("this model has no chat template", hint="use `prompt` instead of `messages` in the case")
-        text: str = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        try:
+            text: str = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                           add_generation_prompt=True)
+        except Exception as e:  # the template is a program from the model's repository: what it raises (its
+            # raise_exception, an undefined attribute, a TypeError) is its refusal of this case.
+            raise chat.failure(e) from e
         return text

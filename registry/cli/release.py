@@ -150,9 +150,10 @@ def check_cmd(ref: str, golden: Path, fmt: str | None, min_hit_rate: float, reco
           config_path: str | None, store: str | None, as_json: bool) -> None:
     """Run a golden set through a version's artifact (greedy, fixed seed) and record the result.
 
-    Each case gives `prompt`, `messages` (rendered with the model's chat template) or `text`
-    (encoders), and `expect`: contains / not_contains (keywords), regex, json (true or a JSON
-    Schema), max_latency_ms, min_tokens_per_s, min_cosine. Once a baseline is recorded, later
+    Each case gives `prompt`, `messages` (rendered with the model's chat template, with the case's
+    optional `tools`, as transformers renders it) or `text` (encoders), and `expect`: contains /
+    not_contains (keywords), regex, json (true or a JSON Schema), max_latency_ms, min_tokens_per_s,
+    min_cosine. Once a baseline is recorded, later
     versions must reproduce its outputs. The record is kept beside the version (the manifest is
     not touched); `mreg promote --require check[:GOLDEN]` insists on a passing one. Exit 11 on failure.
     """

@@ -113,8 +113,8 @@ class Session(Protocol):
     def count_tokens(self, text: str) -> int:
         """Tokens the model's own tokenizer makes of a text (special tokens included)."""
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """A chat rendered with the model's own chat template, ready for generation."""
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """A chat (and the tools offered, if any) rendered with the model's own chat template, ready for generation."""
 
     def generate(self, prompt: str, max_new_tokens: int) -> Generation:
         """Greedy generation."""

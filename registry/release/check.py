@@ -159,7 +159,11 @@ def _run_case(session: Session, case: GoldenCase, baseline: Baseline | None, out
     if case.text is not None:
         prompt = case.text
     elif case.messages is not None:
-        prompt = session.render_chat([m.model_dump() for m in case.messages])
+        try:
+            prompt = session.render_chat([m.template_input() for m in case.messages],
+                                         None if case.tools is None else [dict(t) for t in case.tools])
+        except UsageError as e:  # which case the template refused
+            raise UsageError(f"case {case.id!r}: {e}", hint=e.hint) from e
     else:
         prompt = case.prompt or ""
     n_prompt = session.count_tokens(prompt)

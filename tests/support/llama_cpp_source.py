@@ -1,7 +1,8 @@
 """llama.cpp's own files, from the llama-cpp-python source package on PyPI (the package registry).
 
-Two uses:
+Three uses:
 - the GGUF bench runs llama.cpp's `convert_hf_to_gguf.py` on the same input as mreg;
+- the chat-template tests take the real templates llama.cpp collects (`models/templates/*.jinja`);
 - the tests and the bench take real tokenizers from llama.cpp's vocabulary files
   (`models/ggml-vocab-*.gguf`: Llama 2's SentencePiece, Llama 3's byte-level BPE, and Qwen's, which
   llama.cpp built from Qwen1.5-7B: the BPE and pre-tokenizer Qwen2 and Qwen2.5 use, without the
@@ -59,15 +60,21 @@ class Unavailable(Exception):
     """The source package could not be had (no llama-cpp-python installed, or pip could not download it)."""
 
 
+#: One of the real chat templates (`models/templates/*.jinja`), to tell a tree extracted with them.
+QWEN25_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
+
+
 def _wanted(name: str) -> bool:
-    return name.endswith(".py") or "/gguf-py/" in name or "/models/ggml-vocab-" in name
+    return name.endswith(".py") or "/gguf-py/" in name or "/models/ggml-vocab-" in name or (
+        "/models/templates/" in name and name.endswith(".jinja"))
 
 
 def _complete(root: Path) -> bool:
-    """The converter and every vocabulary with its test files are there."""
+    """The converter, the vocabularies with their test files, and the chat templates are there."""
     vocab_files = [f"ggml-vocab-{name}.gguf{suffix}" for name in _SENTINELS for suffix in ("", ".inp", ".out")]
     return ((root / "convert_hf_to_gguf.py").is_file() and (root / PRE_TOKENIZER_SOURCE).is_file()
-            and all((root / "models" / f).is_file() for f in vocab_files))
+            and all((root / "models" / f).is_file() for f in vocab_files)
+            and (root / "models" / "templates" / QWEN25_TEMPLATE).is_file())
 
 
 def _version() -> str:
@@ -123,7 +130,8 @@ def source(cache: Path, *, allow_download: bool = False) -> Path:
                 m.name = m.name[len(prefix):]
             tar.extractall(tree, members=members, filter="data")
         if not _complete(tree):
-            raise Unavailable(f"{archive} lacks llama.cpp's converter or one of the vocabularies {_SENTINELS}")
+            raise Unavailable(f"{archive} lacks llama.cpp's converter, one of the vocabularies {_SENTINELS} "
+                              "or the chat templates")
         if root.exists() and not _complete(root):
             shutil.rmtree(root, ignore_errors=True)  # an earlier, incomplete extraction
         with contextlib.suppress(OSError):
@@ -131,6 +139,11 @@ def source(cache: Path, *, allow_download: bool = False) -> Path:
     if not _complete(root):
         raise Unavailable(f"could not extract llama.cpp's source into {root}")
     return root
+
+
+def templates(root: Path) -> Path:
+    """llama.cpp's collection of real chat templates (`models/templates/*.jinja`, one per model family)."""
+    return root / "models" / "templates"
 
 
 @dataclass(frozen=True)

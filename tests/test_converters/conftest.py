@@ -139,24 +139,3 @@ def tiny_model(tmp_path: Path) -> Callable[..., Path]:
         return BUILDERS[kind](dest, **kw)
 
     return build
-
-
-@pytest.fixture(scope="session")
-def llama_cpp_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """llama.cpp's files from llama-cpp-python's source package, which `nox -s tests` downloads and names.
-
-    Without MREG_LLAMA_CPP_SDIST (pytest run by hand) the tests that need them skip; with it, any
-    problem fails them.
-    """
-    import os
-
-    from support.llama_cpp_source import SDIST_ENV, Unavailable, source
-
-    cache = getattr(request.config, "cache", None)
-    where = Path(cache.mkdir("llama-cpp-source")) if cache is not None else tmp_path_factory.mktemp("llama-cpp")
-    try:
-        return source(where)
-    except Unavailable as e:
-        if os.environ.get(SDIST_ENV):
-            raise
-        pytest.skip(str(e))

@@ -60,6 +60,24 @@ def test_golden_file_problems_are_collected(tmp_path: Path) -> None:
     assert "line 2:" in msg and "line 3:" in msg and "line 4:" in msg
 
 
+def test_messages_are_passed_as_written_and_tools_need_messages(tmp_path: Path) -> None:
+    """A message keeps the fields a template reads (tool calls, ids, reasoning); only the keys written reach it."""
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}], "reasoning_content": "why"}
+    c = GoldenCase.model_validate({"id": "t", "messages": [{"role": "user", "content": "hi"}, call,
+                                                         {"role": "tool", "tool_call_id": "1", "content": "2"}],
+                                   "tools": [{"type": "function", "function": {"name": "f"}}]})
+    assert [m.template_input() for m in c.messages or ()] == [
+        {"role": "user", "content": "hi"}, call, {"role": "tool", "tool_call_id": "1", "content": "2"}]
+    g = tmp_path / "g.jsonl"
+    g.write_text('{"id": "a", "prompt": "x", "tools": []}\n{"id": "b", "messages": []}\n'
+                 '{"id": "c", "messages": [{"content": "no role"}]}\n')
+    with pytest.raises(UsageError) as e:
+        load_golden(g)
+    msg = str(e.value)
+    assert "line 1: Value error, tools go with messages" in msg and "line 2:" in msg and "line 3:" in msg
+
+
 @pytest.fixture
 def llama_versions(mreg: Any, tmp_path: Path) -> Path:
     """Model `tiny`: version 1 a tiny random llama, version 2 the same with one tensor tampered."""
@@ -171,7 +189,9 @@ def test_check_runs_gguf_and_onnx_artifacts(mreg: Any, tmp_path: Path, fmt: str)
     assert mreg("convert", src, "--to", target, "--to", "hf", "--name", "t").exit_code == 0
     golden = write_golden(tmp_path / f"{fmt}.jsonl", [
         {"id": "p", "prompt": "Hello, my name is", "max_new_tokens": 6},
-        {"id": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_new_tokens": 4}])
+        {"id": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_new_tokens": 4},
+        {"id": "tools", "messages": [{"role": "user", "content": "Weather?"}], "max_new_tokens": 4, "tools": [
+            {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]}])
     rec = mreg("check", "t@1", "--golden", golden, "--format", fmt, "--record-baseline", "--json")
     assert rec.exit_code == 0, rec.stderr
     assert rec.json["runtime"] == {"gguf": "llama.cpp", "onnx": "onnxruntime"}[fmt]
