@@ -296,9 +296,10 @@ def _tokenizer_json(v: RealVocab) -> dict[str, Any]:
     # default). Qwen's model vocabulary leaves its added tokens out; the others list them in it too.
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": ty != CONTROL, "special": ty == CONTROL}
-             for i, (t, ty) in enumerate(zip(v.tokens, v.types, strict=True)) if ty in (CONTROL, USER_DEFINED)]
+             for i, (t, ty) in enumerate(zip(v.tokens, v.types, strict=True))
+             if ty in (CONTROL, USER_DEFINED) and t != f"[PAD{i}]"]  # padding: ids no file names
     kept = (NORMAL,) if v.architecture == "qwen2" else (NORMAL, CONTROL, USER_DEFINED)
-    vocab = {t: i for i, (t, ty) in enumerate(zip(v.tokens, v.types, strict=True)) if ty in kept}
+    vocab = {t: i for i, (t, ty) in enumerate(zip(v.tokens, v.types, strict=True)) if ty in kept and t != f"[PAD{i}]"}
     post: dict[str, Any] = _byte_level(trim_offsets=False)
     if layout.adds_bos:
         bos = v.tokens[v.bos or 0]
