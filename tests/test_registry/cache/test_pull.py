@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from support.hub_server import LocalHub
+from support.tiny_models import random_safetensors
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def files(seed: int = 0, weights: int = 4096) -> dict[str, bytes]:
     return {
         "config.json": b'{"model_type": "llama", "seed": %d}' % seed,
         "tokenizer.json": b'{"model": {"type": "BPE"}}',
-        "model.safetensors": rnd.randbytes(weights),
+        "model.safetensors": random_safetensors(weights, rnd.randrange(1 << 30)),
         "README.md": b"# tiny\n",
     }
 

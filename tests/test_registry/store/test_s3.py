@@ -22,6 +22,7 @@ import pytest
 from support import workers
 from support.hostile import files, refused
 from support.s3_server import SeaweedS3
+from support.tiny_models import write_random_safetensors
 
 from registry import layout
 from registry.store.local import LocalStore
@@ -130,8 +131,8 @@ def test_sigkill_during_push(mreg: Any, tmp_path: Path, remote_url: str, s3env: 
     src.mkdir()
     rnd = random.Random(5)
     for i in range(6):
-        (src / f"model-{i}.safetensors").write_bytes(rnd.randbytes(6 << 20))
-    (src / "large.safetensors").write_bytes(rnd.randbytes(70 << 20))  # multipart
+        write_random_safetensors(src / f"model-{i}.safetensors", 6 << 20, rnd.randrange(1 << 30))
+    write_random_safetensors(src / "large.safetensors", 70 << 20, rnd.randrange(1 << 30))  # multipart
     (src / "config.json").write_text("{}")
     assert mreg("convert", src, "--to", "hf", "--name", "big").exit_code == 0
     env = {**os.environ, **s3env}
@@ -472,11 +473,9 @@ def test_a_damaged_local_blob_is_not_pushed_and_a_damaged_remote_one_is_repaired
         mreg: Any, tmp_path: Path, remote_url: str, store_root: Path) -> None:
     """Multipart uploads carry no whole-object check: the blob is hashed before it travels. A remote blob
     cut short is sent again by the next push, even of a version already there."""
-    import random
-
     src = tmp_path / "big"
     src.mkdir()
-    (src / "large.safetensors").write_bytes(random.Random(3).randbytes(70 << 20))  # past the multipart threshold
+    write_random_safetensors(src / "large.safetensors", 70 << 20, 3)  # past the multipart threshold
     (src / "config.json").write_text("{}")
     assert mreg("convert", src, "--to", "hf", "--name", "big").exit_code == 0
     store = LocalStore(store_root)
