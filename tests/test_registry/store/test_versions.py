@@ -45,6 +45,23 @@ def test_same_conversion_is_reused(mreg: Any, model_dir: Path, store_root: Path)
     assert [p.name for p in (store_root / "models" / "m" / "versions").iterdir()] == ["1"]
 
 
+def test_a_new_converter_version_converts_again(mreg: Any, model_dir: Path, store_root: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The converter's version is in the key: a conversion made before a check was added (NaN/Inf) is not found
+    as "passed" by an mreg that has the check; it is made again, as a new version."""
+    from converters.hf.converter import HFConverter
+
+    first = mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json").json
+    monkeypatch.setattr(HFConverter, "version", str(int(HFConverter.version) + 1))
+    again = mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json").json
+    assert again["reused"] is False and again["version"] == first["version"] + 1
+    assert again["manifest_sha256"] != first["manifest_sha256"]
+    manifest = json.loads((store_root / "models/m/versions/2/manifest.json").read_text())
+    assert manifest["artifacts"][0]["converter"]["version"] == HFConverter.version
+    same = mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json").json
+    assert same["reused"] is True and same["version"] == again["version"]
+
+
 def test_identical_files_are_stored_once(mreg: Any, model_dir: Path, store_root: Path) -> None:
     mreg("convert", model_dir, "--to", "hf", "--name", "m")
     (model_dir / "config.json").write_text('{"changed": true}')
