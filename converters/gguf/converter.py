@@ -29,6 +29,7 @@ from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan
 from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, plans
 from converters.gguf.quants import Floats, backend, nonfinite, quantize
 from manifests import Artifact, GGUFRequirements, Manifest, Verification
+from registry.convert.configs import check_configs
 from registry.convert.protocol import (
     ConversionRequest,
     ConversionResult,
@@ -233,6 +234,8 @@ class GGUFConverter(ConverterBase):
         from converters.gguf import verify as gguf_verify
 
         first = requests[0]
+        # Every config read below (by mreg and by gguf's vocabulary reader) is a JSON object, or nothing is done.
+        check_configs({f.path: first.source_files(f.path) for f in first.source.files})
         shards = sorted(p for p in directory.rglob("*.safetensors"))
         # The model's name in the store, so the engine's path is the same from one version to the next.
         base = first.name or first.source.repo.rstrip("/").split("/")[-1] or "model"

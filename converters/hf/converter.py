@@ -41,10 +41,11 @@ class HFConverter(ConverterBase):
         """Link (or copy) each source file into the tree; the digest of each must equal the source's, every
         safetensors header and JSON config must parse (else an IntegrityError naming the file, before anything is
         placed), and no floating-point safetensors tensor may hold NaN or Inf."""
-        from converters.hf import structure, weights
+        from converters.hf import weights
+        from registry.convert.configs import check_configs
 
         sources = {f.path: request.source_files(f.path) for f in request.source.files}
-        structure.check_configs(sources)
+        check_configs(sources)
         found = weights.scan({label: path for label, path in sources.items() if label.endswith(".safetensors")})
         known: dict[str, str] = {}
         mismatched: list[str] = []

@@ -182,9 +182,12 @@ def _materialize(remote: S3Store, local: LocalStore, manifest: Manifest, raw: by
 
 
 def _download_verified(remote: S3Store, digest: str, dest: Path, progress: Progress, lock: threading.Lock) -> None:
-    opened = remote.open(remote.blob_key(digest), f"downloading blob {digest[:12]}… from {remote.location}",
-                         missing_ok=False)
-    assert opened is not None
+    opened = remote.open(remote.blob_key(digest), f"downloading blob {digest[:12]}… from {remote.location}")
+    if opened is None:  # the server answered: the manifest names a blob the store does not hold
+        raise IntegrityError(
+            f"{remote.location}: blob {digest[:12]}… named by the manifest is missing; nothing was published locally",
+            hint=f"re-push the version from a good copy, or run `mreg verify --store {remote.location}`",
+        )
 
     def advance(n: int) -> None:
         with lock:

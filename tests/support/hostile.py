@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 
 def files(d: Path) -> dict[str, bytes]:
@@ -96,3 +99,31 @@ SAFETENSORS_DAMAGE: dict[str, Callable[[bytes], bytes]] = {
                                                                                  if k != ns[0]}),
     "bytes after the last tensor": lambda d: d + b"\0" * 64,
 }
+
+
+#: Linux capabilities that let root ignore file modes: DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER.
+_OVERRIDES = (1 << 1) | (1 << 2) | (1 << 3)
+
+
+@contextlib.contextmanager
+def file_modes_enforced() -> Iterator[None]:
+    """Run the body with file modes enforced, as for any user: as root, this thread (and threads it starts) drops
+    the capabilities that override them, and gets them back afterwards. A read-only store is then read-only."""
+    if os.geteuid() != 0:
+        yield
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    saved = (ctypes.c_uint32 * 6)()  # two of {effective, permitted, inheritable}
+    if libc.capget(header, saved) != 0:
+        pytest.skip("capget failed: cannot enforce file modes for root here")
+    lowered = (ctypes.c_uint32 * 6)(*saved)
+    lowered[0] &= ~_OVERRIDES
+    if libc.capset(header, lowered) != 0:
+        pytest.skip("capset failed: cannot enforce file modes for root here")
+    try:
+        yield
+    finally:
+        libc.capset(header, saved)

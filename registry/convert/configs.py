@@ -1,8 +1,9 @@
-"""What a loader parses before it reads a weight: the snapshot's JSON configs, each a JSON object.
+"""A snapshot's JSON configs, read as hostile input: each must be a JSON object, as every loader expects.
 
-The identity format publishes the files as they are, so it checks what vLLM, TGI and
-transformers would choke on first: a config that is not JSON, or JSON that is not an object.
-safetensors headers are checked by `registry.convert.safetensors.read_header` (through the NaN scan).
+What vLLM, TGI, transformers and mreg's own converters read first: a config that is not JSON
+(or not UTF-8, or nested too deep for a parser), or JSON that is not an object, is
+`InvalidConfig` (exit 4) naming the file, before a converter reads anything else.
+safetensors headers are checked by `registry.convert.safetensors.read_header`.
 """
 
 from __future__ import annotations
