@@ -494,3 +494,26 @@ def test_a_damaged_local_blob_is_not_pushed_and_a_damaged_remote_one_is_repaired
     again = mreg("push", "big@1", remote_url, "--json")
     assert again.exit_code == 0 and again.json["reused"] and again.json["uploaded_blobs"] == 1
     assert mreg("verify", "big@1", "--store", remote_url).exit_code == 0
+
+
+def test_push_verify_remote_repairs_a_same_size_tampered_blob(mreg: Any, model_dir: Path, remote_url: str,
+                                                              s3server: SeaweedS3) -> None:
+    """A remote blob replaced by other bytes of the same size passes the size check of a plain push; with
+    --verify-remote every remote blob is read through the digest, and the one that fails is uploaded again."""
+    _versions(mreg, model_dir, "m", 1)
+    assert mreg("push", "m@1", remote_url).exit_code == 0
+    store = S3Store(remote_url)
+    weights = next(f for f in store.version("m", 1).manifest.artifacts[0].files if f.path == "model.safetensors")
+    key = store.blob_key(weights.sha256)
+    s3server.client().put_object(Bucket=BUCKET, Key=key, Body=b"\0" * weights.size)  # same size, other bytes
+    plain = mreg("push", "m@1", remote_url, "--json").json
+    assert (plain["uploaded_blobs"], plain["repaired_blobs"], plain["verified_remote"]) == (0, 0, False)
+    assert mreg("verify", "m@1", "--store", remote_url).exit_code == 4, "still damaged: a size check cannot tell"
+    r = mreg("push", "m@1", remote_url, "--verify-remote")
+    assert r.exit_code == 0 and "1 damaged remote blob(s) repaired" in r.stdout, r.stderr + r.stdout
+    assert hashlib.sha256(s3server.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()).hexdigest() \
+        == weights.sha256
+    assert mreg("verify", "m@1", "--store", remote_url).exit_code == 0
+    again = mreg("push", "m@1", remote_url, "--verify-remote", "--json").json
+    assert (again["uploaded_blobs"], again["repaired_blobs"], again["verified_remote"]) == (0, 0, True)
+    assert again["reused"] is True and again["present_blobs"] == len(store.version("m", 1).manifest.artifacts[0].files)
