@@ -2,10 +2,11 @@
 
 Run as `python -m support.mutations MODEL_DIR FIRST LAST` (with tests/ and the repository on
 sys.path) under the parent's memory limit. For each seed it damages the safetensors header bytes or
-a config.json size (or, one seed in ten, changes the config in a way that keeps it valid), runs `mreg convert --to gguf:F16 --json` in this process, and prints one JSON
-line: the seed, the exit code, whether stderr held a traceback, the error's hint and, for a
-conversion that was published, its verification, whether `mreg verify` passes and whether the
-safetensors library itself opens the damaged file. The parent bounds each seed's wall time.
+a config.json size (or, one seed in ten, changes the config in a way that keeps it valid), runs
+`mreg convert --to gguf:F16 --json` in this process, and prints one JSON line: the seed, the exit
+code, whether stderr held a traceback, the error's hint and, for a conversion that was published,
+its verification, whether `mreg verify` passes and whether the safetensors library itself opens
+the damaged file. The parent bounds each seed's wall time.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def test_mreg_refuses_the_headers_the_safetensors_library_refuses(how: str, tiny
     with safe_open(path, "numpy"):
         pass
     path.write_bytes(SAFETENSORS_DAMAGE[how](path.read_bytes()))
-    with pytest.raises(InvalidSafetensors, match="model.safetensors is not a valid safetensors file"):
+    with pytest.raises(InvalidSafetensors, match=r"model\.safetensors is not a valid safetensors file"):
         read_header(path)
     with pytest.raises(Exception), safe_open(path, "numpy") as f:  # noqa: B017 - its error types vary by version
         list(f.keys())
