@@ -252,13 +252,13 @@ def gc(store: Store, *, keep_history: int = 10, keep_latest: int = 3, grace_hour
 
 
 def push(store: LocalStore, version: str | Version, remote: S3Store, *,
-         progress: Progress | None = None) -> PushOutcome:
+         progress: Progress | None = None, verify_remote: bool = False) -> PushOutcome:
     """Copy a local version (a reference or a resolved `Version`) to an S3 store: only missing blobs, the
-    manifest last (create-only)."""
+    manifest last (create-only); with `verify_remote`, remote blobs that fail their digest are sent again."""
     from registry.store.transfer import push as run
 
     v = store.resolve(parse_ref(version)) if isinstance(version, str) else version
-    return run(store, v, remote, progress=progress)
+    return run(store, v, remote, progress=progress, verify_remote=verify_remote)
 
 
 def sync(remote: S3Store, name: str, store: LocalStore, *, alias: str = "production",

@@ -27,6 +27,20 @@ class UsageError(MregError):
     exit_code = 2
 
 
+class PermissionDenied(MregError, PermissionError):
+    """The filesystem refused a read or a write (a read-only store or cache, another user's files)."""
+
+    exit_code = 1
+
+    @classmethod
+    def from_os_error(cls, e: OSError) -> PermissionDenied:
+        """The error of a refused file operation, naming the path the filesystem named."""
+        where = f" {e.filename}" if e.filename is not None else ""
+        return cls(f"permission denied:{where} ({e.strerror or 'refused'})",
+                   hint="mreg needs to write its store and cache: check the permissions of that path, or point "
+                        "--store / --cache-dir at directories you can write")
+
+
 class NotFound(MregError, LookupError):
     """A model, version, alias, revision or file does not exist."""
 

@@ -18,6 +18,7 @@ os.environ.pop("HF_TOKEN", None)
 
 import pytest
 from support.cli import run
+from support.tiny_models import write_random_safetensors
 
 
 @pytest.fixture(autouse=True)
@@ -55,14 +56,13 @@ def cache_root(isolated: Path) -> Path:
 
 
 def write_model(dest: Path, seed: int = 0, size: int = 1 << 16) -> Path:
-    """A small model-like directory (config + safetensors-named random bytes)."""
-    import random
-
+    """A small model-like directory: a config and a real safetensors file of `size` random bytes (one U8 tensor:
+    no float to read for NaN)."""
     dest.mkdir(parents=True, exist_ok=True)
-    rnd = random.Random(seed)
     (dest / "config.json").write_text(json.dumps({"model_type": "llama", "seed": seed}))
-    (dest / "model.safetensors").write_bytes(rnd.randbytes(size))
+    write_random_safetensors(dest / "model.safetensors", size, seed)
     return dest
+
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan
 from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, plans
 from converters.gguf.quants import Floats, backend, nonfinite, quantize
 from manifests import Artifact, GGUFRequirements, Manifest, Verification
+from registry.convert.configs import check_configs
 from registry.convert.protocol import (
     ConversionRequest,
     ConversionResult,
@@ -194,7 +195,9 @@ class GGUFConverter(ConverterBase):
     format: ClassVar[str] = "gguf"
     converts_many: ClassVar[bool] = True
     name: ClassVar[str] = "mreg.gguf"
-    version: ClassVar[str] = "1"
+    #: Part of the conversion key: raised when what a conversion checks changes, so older results are made again.
+    #: 2: NaN/Inf in the source, as written and in the logits fail; config sizes planned against the headers.
+    version: ClassVar[str] = "2"
 
     def options(self, raw: RawOptions) -> Options:
         """`{"spec": "Q4_K_M"}` -> `{"type": "Q4_K_M"}`; F16 when no type is given."""
@@ -231,6 +234,8 @@ class GGUFConverter(ConverterBase):
         from converters.gguf import verify as gguf_verify
 
         first = requests[0]
+        # Every config read below (by mreg and by gguf's vocabulary reader) is a JSON object, or nothing is done.
+        check_configs({f.path: first.source_files(f.path) for f in first.source.files})
         shards = sorted(p for p in directory.rglob("*.safetensors"))
         # The model's name in the store, so the engine's path is the same from one version to the next.
         base = first.name or first.source.repo.rstrip("/").split("/")[-1] or "model"

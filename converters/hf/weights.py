@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from registry.convert.safetensors import InvalidSafetensors, read_header, read_into
+from registry.convert.safetensors import read_header, read_into
 from registry.errors import IntegrityError
 
 #: safetensors float dtype -> (the unsigned integer of its width, the bits all set in Inf and NaN only, the bits
@@ -29,10 +29,6 @@ NONFINITE_BITS: dict[str, tuple[str, int, int]] = {
 #: Bytes read per work item: a few per thread keep memory small and numpy's per-call cost negligible.
 CHUNK_BYTES = 8 << 20
 WORKERS = 4
-
-
-class NotSafetensors(ValueError):
-    """A file whose header cannot be read as safetensors (no safetensors loader reads it either)."""
 
 
 class ShortRead(IntegrityError):
@@ -52,20 +48,16 @@ class Extent:
 
 @dataclass
 class Scan:
-    """What reading the weights found: tensor name -> its NaN/Inf count (only those with any), unread files."""
+    """What reading the weights found: tensor name -> its NaN/Inf count (only those with any), tensors read."""
 
     nonfinite: dict[str, int] = field(default_factory=dict)
-    #: label -> why it was not read as safetensors.
-    unreadable: dict[str, str] = field(default_factory=dict)
     tensors: int = 0
 
 
-def float_extents(path: Path) -> list[Extent]:
-    """The floating-point tensors of a safetensors file, from its header; NotSafetensors if it has no valid one."""
-    try:
-        entries = read_header(path)  # the registry's reader: every size checked against the file
-    except InvalidSafetensors as err:
-        raise NotSafetensors(str(err).split(": ", 1)[-1]) from None
+def float_extents(path: Path, label: str | None = None) -> list[Extent]:
+    """The floating-point tensors of a safetensors file, from its header; InvalidSafetensors (naming `label`) if
+    the header does not describe the file."""
+    entries = read_header(path, label)  # the registry's reader: every size checked against the file
     return [Extent(e.name, path, e.dtype, e.start, e.end) for e in entries.values() if e.dtype in NONFINITE_BITS]
 
 
@@ -95,14 +87,10 @@ def count_nonfinite(fd: int, dtype: str, start: int, stop: int, nan_only: bool =
 
 
 def scan(files: Mapping[str, Path], workers: int = WORKERS) -> Scan:
-    """Every floating-point tensor of the safetensors files (label -> path) read for NaN and Inf."""
+    """Every floating-point tensor of the safetensors files (label -> path) read for NaN and Inf; every header is
+    checked first (InvalidSafetensors names the file), before any tensor is read."""
     out = Scan()
-    extents: list[Extent] = []
-    for label, path in files.items():
-        try:
-            extents += float_extents(path)
-        except NotSafetensors as why:
-            out.unreadable[label] = str(why)
+    extents = [x for label, path in files.items() for x in float_extents(path, label)]
     out.tensors = len(extents)
     out.nonfinite = count_extents(extents, workers)
     return out

@@ -125,7 +125,8 @@ class ONNXConverter(ConverterBase):
     name: ClassVar[str] = "mreg.onnx"
     #: 2: the dynamo graph is cleaned by mreg's pass list instead of onnxscript's rewriter; `exporter` option.
     #: 3: TorchScript is the default exporter; every graph is stamped IR 10 (TorchScript writes IR 8).
-    version: ClassVar[str] = "3"
+    #: 4: NaN/Inf in any source tensor, a written initializer or PyTorch's outputs fail verification.
+    version: ClassVar[str] = "4"
 
     def options(self, raw: RawOptions) -> Options:
         """`{"spec": "fp16,with-past"}` -> `{"dtype": "fp16", "quantize": None, "optimize": False, ...}`."""

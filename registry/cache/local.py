@@ -71,19 +71,33 @@ def pull_local(cache: Path, directory: Path, *, include: Sequence[str] = (), exc
     return Snapshot(cache, record, snap)
 
 def _listing(directory: Path) -> list[RemoteFile]:
-    """The files of a model directory (not .git or .cache); a link that leaves it is refused."""
+    """The files of a model directory (not .git or .cache); a link that leaves it or loops, a name that is not
+    UTF-8 and anything that is neither a file nor a directory (a FIFO would block the import) are refused."""
     files: list[RemoteFile] = []
     for p in sorted(directory.rglob("*")):
         rel = p.relative_to(directory).as_posix()
         if rel.split("/")[0] in (".git", ".cache"):
             continue
-        if p.is_symlink() and not p.resolve().is_relative_to(directory):  # a file's link or a directory's
-            raise UnsafeInput(f"{rel} is a symlink to {p.resolve()}, outside {directory}",
-                              hint="copy what it points to into the directory, or remove the link")
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UnsafeInput(f"{os.fsencode(rel)!r} in {directory} is not a UTF-8 file name",
+                              hint="rename it: manifests, hubs and engines name files in UTF-8") from None
+        if p.is_symlink():
+            try:
+                target = p.resolve(strict=True)
+            except (OSError, RuntimeError):  # a loop (RuntimeError before Python 3.13) or a dangling link
+                raise UnsafeInput(f"{rel} is a symlink that loops or leads nowhere",
+                                  hint="remove the link, or replace it by the file it should name") from None
+            if not target.is_relative_to(directory):  # a file's link or a directory's
+                raise UnsafeInput(f"{rel} is a symlink to {target}, outside {directory}",
+                                  hint="copy what it points to into the directory, or remove the link")
         if p.is_dir():
             continue
-        if p.is_file():
-            files.append(RemoteFile(rel, p.stat().st_size, None, None))
+        if not p.is_file():
+            raise UnsafeInput(f"{rel} in {directory} is neither a file nor a directory (a FIFO, socket or device)",
+                              hint="remove it from the model directory")
+        files.append(RemoteFile(rel, p.stat().st_size, None, None))
     return files
 
 

@@ -98,10 +98,13 @@ def plan_pull(
 ) -> PullPlan:
     """Decide what to fetch (pure): refuse unsafe names and pickle-only repos, apply filters."""
     bad = [(f.path, r) for f in files if (r := unsafe_reason(f.path))]
+    paths = {f.path for f in files}
+    # A file and a directory of the same name (config.json and config.json/x) cannot both be written.
+    bad += [(f.path, f"{parent} is also a file") for f in files for parent in _parents(f.path) if parent in paths]
     if bad:
         listed = ", ".join(f"{p!r} ({r})" for p, r in bad[:5])
         raise UnsafeInput(
-            f"{repo}@{commit[:12]} has file names that would escape the cache: {listed}",
+            f"{repo}@{commit[:12]} has file names that would escape the cache or collide: {listed}",
             hint="nothing was written; this repository is not safe to mirror: report it to its owner",
         )
     selected, skipped_pickle, skipped_filter = [], [], []
@@ -122,6 +125,12 @@ def plan_pull(
     present_set = set(present)
     missing = sum(f.size for f in selected if f.path not in present_set)
     return PullPlan(repo, commit, tuple(selected), tuple(skipped_pickle), tuple(skipped_filter), missing)
+
+def _parents(path: str) -> list[str]:
+    """`a/b/c` -> [`a`, `a/b`]."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
 
 def check_space(plan: PullPlan, where: Path) -> PullPlan:
     """Refuse, with the numbers, a pull that will not fit on the cache's filesystem."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import traceback
@@ -13,8 +14,10 @@ import click
 from registry import __version__
 from registry.cli.options import JSON_KEY
 from registry.cli.render import Output
-from registry.errors import EXIT_CODES, MregError, UsageError
+from registry.errors import EXIT_CODES, MregError, PermissionDenied, UsageError
 
+#: errno values of a filesystem that refuses: permission denied, not permitted, read-only.
+REFUSED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 EPILOG = "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + "."
 
 
@@ -40,7 +43,13 @@ class MregGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; map MregError to one line, a hint and its exit code."""
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            except OSError as e:
+                if isinstance(e, MregError) or e.errno not in REFUSED:
+                    raise
+                # A read-only store or cache can refuse any write, deep in any command: one line, not a traceback.
+                raise PermissionDenied.from_os_error(e) from e
         except ReportedFailure as e:
             Output(False).error(e.error)
             ctx.exit(e.error.exit_code)

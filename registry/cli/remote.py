@@ -27,27 +27,37 @@ if TYPE_CHECKING:
 @click.command("push")
 @click.argument("ref", metavar="NAME@REF")
 @click.argument("remote", metavar="s3://BUCKET/PREFIX")
+@click.option("--verify-remote", is_flag=True,
+              help="Also download and hash every blob already in the remote store, and upload again those that "
+                   "fail their digest (a plain push checks their size only).")
 @config_option
 @store_option
 @json_option
-def push_cmd(ref: str, remote: str, config_path: str | None, store: str | None, as_json: bool) -> None:
+def push_cmd(ref: str, remote: str, verify_remote: bool, config_path: str | None, store: str | None,
+             as_json: bool) -> None:
     """Copy a local version to an S3 store: only the blobs it lacks, SHA-256 checked by the server.
 
     The manifest is written last with a create-only PUT, which also allocates the remote version
-    number; pushing the same version again uploads nothing.
+    number; pushing the same version again uploads nothing. A remote blob of the wrong size is sent
+    again; one of the right size whose bytes were replaced is found only with --verify-remote,
+    which reads every remote blob of the version and repairs those that fail.
     """
     local = local_store(settings_for(config_path, store=store))
     v = local.resolve(parse_ref(ref))
-    out = api.push(local, v, s3_store(remote), progress=progress_for(as_json))
+    out = api.push(local, v, s3_store(remote), progress=progress_for(as_json), verify_remote=verify_remote)
     doc = {"name": v.name, "local_version": v.number, "remote": remote, "remote_version": out.version.number,
            "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
-           "present_blobs": out.present_blobs, "manifest_sha256": out.version.manifest_sha256}
+           "present_blobs": out.present_blobs, "verified_remote": out.verified_remote,
+           "repaired_blobs": out.repaired_blobs, "manifest_sha256": out.version.manifest_sha256}
+    repaired = f"; {out.repaired_blobs} damaged remote blob(s) repaired" if out.repaired_blobs else (
+        "; every remote blob verified" if out.verified_remote else "")
     Output(as_json).result(doc, (
         f"✓ {v.name}@{v.number} → {remote} as {v.name}@{out.version.number}"
-        + (" (already there; nothing uploaded)" if out.reused and not out.uploaded_blobs else
-           f" (already there; {out.uploaded_blobs} damaged blob(s) sent again)" if out.reused else
+        + (" (already there; nothing uploaded" if out.reused and not out.uploaded_blobs else
+           f" (already there; {out.uploaded_blobs} damaged blob(s) sent again" if out.reused else
            f" ({out.uploaded_blobs} blob(s), {human_size(out.uploaded_bytes)} uploaded; "
-           f"{out.present_blobs} already there)")))
+           f"{out.present_blobs} already there")
+        + repaired + ")"))
 
 
 @click.command("sync")

@@ -18,6 +18,14 @@ def _encode(value: Any) -> Any:
     return json.loads(dump()) if callable(dump) else str(value)
 
 
+def one_line(text: str) -> str:
+    """`text` with every control or unprintable character escaped (a file named "x\\nerror: …" cannot forge a
+    second line; an undecodable name cannot break the stream's encoding)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class Output:
     """Renders a command's result as text or as one JSON document."""
 
@@ -42,9 +50,9 @@ class Output:
 
     def error(self, err: MregError) -> None:
         """An error: one line and a hint on stderr; with --json also a document on stdout."""
-        sys.stderr.write(f"error: {err}\n")
+        sys.stderr.write(f"error: {one_line(str(err))}\n")
         if err.hint:
-            sys.stderr.write(f"hint: {err.hint}\n")
+            sys.stderr.write(f"hint: {one_line(err.hint)}\n")
         if self.json:
             self.document(err)
 
@@ -55,8 +63,8 @@ class Output:
 
 def error_doc(err: MregError) -> dict[str, Any]:
     """An error as `--json` writes it, ready for json.dumps (its details already encoded)."""
-    error: dict[str, Any] = {"type": type(err).__name__, "message": str(err), "hint": err.hint,
-                             "exit_code": err.exit_code}
+    error: dict[str, Any] = {"type": type(err).__name__, "message": one_line(str(err)),
+                             "hint": one_line(err.hint) if err.hint else err.hint, "exit_code": err.exit_code}
     if err.details is not None:
         error["details"] = json.loads(json.dumps(err.details, default=_encode))
     return error

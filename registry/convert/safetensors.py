@@ -2,13 +2,13 @@
 
 A file is 8 bytes of little-endian header length, a JSON header, then the tensors' bytes. The
 header must be a JSON object whose entries each give a known dtype, a shape of whole numbers
-and data offsets inside the body that match the shape's size and do not overlap; anything else
-is `InvalidSafetensors` (exit 4), naming the file and the tensor, before a converter reads a row.
+and data offsets inside the body that match the shape's size, do not overlap and leave no byte
+unaccounted for (what the safetensors loaders accept); anything else is `InvalidSafetensors`
+(exit 4), naming the file and the tensor, before a converter reads a row.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -28,8 +28,8 @@ MAX_HEADER = 100_000_000
 class InvalidSafetensors(IntegrityError):
     """A safetensors file whose header or layout does not describe its bytes."""
 
-    def __init__(self, path: Path, problem: str) -> None:
-        super().__init__(f"{path.name} is not a valid safetensors file: {problem}",
+    def __init__(self, path: Path | str, problem: str) -> None:
+        super().__init__(f"{path.name if isinstance(path, Path) else path} is not a valid safetensors file: {problem}",
                          hint="the checkpoint is damaged or not safetensors: fetch it again from its source; "
                               "nothing was written")
 
@@ -45,30 +45,32 @@ class TensorEntry:
     end: int
 
 
-def read_header(path: Path) -> dict[str, TensorEntry]:
-    """The tensors of one safetensors file, every entry checked against the file's size."""
+def read_header(path: Path, label: str | None = None) -> dict[str, TensorEntry]:
+    """The tensors of one safetensors file, every entry checked against the file's size; errors name `label`
+    (the file's path in its snapshot) when given, else the file's name."""
+    name: Path | str = label or path
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise InvalidSafetensors(path, f"{size} bytes, shorter than the 8-byte header length")
+            raise InvalidSafetensors(name, f"{size} bytes, shorter than the 8-byte header length")
         (length,) = struct.unpack("<Q", head)
         if length > min(MAX_HEADER, size - 8):
-            raise InvalidSafetensors(path, f"header length {length} past the end of the file ({size} bytes)")
+            raise InvalidSafetensors(name, f"header length {length} past the end of the file ({size} bytes)")
         raw = f.read(length)
     try:
         header = json.loads(raw)
-    except ValueError as e:
-        raise InvalidSafetensors(path, f"the header is not JSON ({e})") from None
+    except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
+        raise InvalidSafetensors(name, f"the header is not JSON ({str(e) or type(e).__name__})") from None
     if not isinstance(header, dict):
-        raise InvalidSafetensors(path, "the header is not a JSON object")
+        raise InvalidSafetensors(name, "the header is not a JSON object")
     body = size - 8 - length
-    entries = [_entry(path, name, info, 8 + length, body) for name, info in header.items() if name != "__metadata__"]
-    _refuse_overlaps(path, entries)
+    entries = [_entry(name, key, info, 8 + length, body) for key, info in header.items() if key != "__metadata__"]
+    _check_layout(name, entries, 8 + length, size)
     return {e.name: e for e in entries}
 
 
-def _entry(path: Path, name: str, info: object, base: int, body: int) -> TensorEntry:
+def _entry(path: Path | str, name: str, info: object, base: int, body: int) -> TensorEntry:
     """One header entry, or the reason it is not one."""
     if not isinstance(info, dict):
         raise InvalidSafetensors(path, f"tensor {name!r} is not described by an object")
@@ -90,12 +92,19 @@ def _entry(path: Path, name: str, info: object, base: int, body: int) -> TensorE
     return TensorEntry(name, str(dtype), tuple(shape), base + offsets[0], base + offsets[1])
 
 
-def _refuse_overlaps(path: Path, entries: list[TensorEntry]) -> None:
-    """Two tensors may not share bytes."""
-    ordered = sorted((e for e in entries if e.end > e.start), key=lambda e: e.start)
-    for a, b in itertools.pairwise(ordered):
-        if b.start < a.end:
-            raise InvalidSafetensors(path, f"tensors {a.name!r} and {b.name!r} overlap")
+def _check_layout(path: Path | str, entries: list[TensorEntry], base: int, size: int) -> None:
+    """Tensors share no bytes and together fill the body, as the safetensors loaders require: a gap or bytes
+    after the last tensor make a file they refuse to open, whatever mreg could read of it."""
+    at = base
+    previous = None
+    for e in sorted((e for e in entries if e.end > e.start), key=lambda e: e.start):
+        if e.start < at and previous is not None:
+            raise InvalidSafetensors(path, f"tensors {previous!r} and {e.name!r} overlap")
+        if e.start > at:
+            raise InvalidSafetensors(path, f"{e.start - at} bytes before tensor {e.name!r} belong to no tensor")
+        at, previous = e.end, e.name
+    if at != size:
+        raise InvalidSafetensors(path, f"{size - at} bytes after the last tensor belong to no tensor")
 
 
 def read_into(fd: int, view: memoryview, offset: int) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from registry import atomic, layout
-from registry.errors import Conflict
+from registry.errors import Conflict, IntegrityError
 from registry.store.local import LocalStore
 from registry.store.protocol import Store
 
@@ -179,11 +179,11 @@ def gc_remote(remote: S3Store, *, grace_s: float = 24 * 3600, apply: bool = Fals
             obj = remote.get(o["Key"])
             if obj is None:
                 continue
-            doc = json.loads(obj.data)
-            if now - float(doc.get("at", 0)) > LEASE_TTL_S:
+            at, digests = _lease_info(remote, o["Key"], obj.data)
+            if now - at > LEASE_TTL_S:
                 stale_leases.append(o["Key"])
             else:
-                referenced.update(doc.get("digests", []))
+                referenced.update(digests)
         for name in remote.models():
             for n in remote.versions(name):
                 for art in remote.version(name, n).manifest.artifacts:
@@ -230,6 +230,20 @@ def _take_gc_lock(remote: S3Store, lock_key: str) -> None:
             if held is not None:
                 remote.delete(lock_key)  # expired, or not a lock mreg wrote: the gc that held it is gone
     raise Conflict("another gc took the lock first", hint="retry when it has finished")
+
+
+def _lease_info(remote: S3Store, key: str, data: bytes) -> tuple[float, list[str]]:
+    """When a push's lease was taken and the blobs it protects; one mreg did not write stops the gc (the blobs it
+    would protect cannot be known, so none may be removed)."""
+    try:
+        doc = json.loads(data)
+        at, digests = float(doc.get("at", 0)), doc.get("digests", [])
+        if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
+            raise TypeError("digests")
+    except (ValueError, TypeError, AttributeError) as e:
+        raise IntegrityError(f"{remote.url(key)} is not a lease mreg wrote ({type(e).__name__}); nothing was removed",
+                             hint="delete it if no push is running, then run gc again") from None
+    return at, digests
 
 
 def _lock_info(data: bytes) -> tuple[float, str]:

@@ -114,17 +114,24 @@ class LocalStore:
         if d.is_dir():
             for p in d.iterdir():
                 if p.is_symlink() and layout.ALIAS_RE.match(p.name):
-                    n = layout.parse_alias_target(os.readlink(p))
+                    n = self.alias(name, p.name)  # a link to anything but a version is an IntegrityError
                     if n is not None:
                         out[p.name] = n
         return dict(sorted(out.items()))
 
     def alias(self, name: str, alias: str) -> int | None:
-        """The version an alias points to, if it exists."""
+        """The version an alias points to, if it exists; an alias whose link names anything but one of the model's
+        versions (a path out of the store, say) is an IntegrityError: an engine mounting it would serve that."""
+        path = layout.alias_path(self.root, name, alias)
         try:
-            return layout.parse_alias_target(os.readlink(layout.alias_path(self.root, name, alias)))
-        except (FileNotFoundError, OSError):
+            target = os.readlink(path)
+        except OSError:  # no such alias (or not a link: aliases are only ever links)
             return None
+        number = layout.parse_alias_target(target)
+        if number is None:
+            raise IntegrityError(f"alias {alias} of {name} is a symlink to {target}, not to a version of the store",
+                                 hint=f"remove the link ({path}) and promote a version again")
+        return number
 
     def history(self, name: str) -> list[HistoryEntry]:
         """Every recorded alias change of a model, oldest first; a damaged log is an IntegrityError."""

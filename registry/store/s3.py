@@ -203,7 +203,15 @@ class S3Store(Bucket):
         index = self.key(*layout.s3_key_index(name, key))
         obj = self.get(index)
         if obj is not None:
-            v = self.version(name, int(json.loads(obj.data)["version"]))
+            try:
+                number = json.loads(obj.data)["version"]
+                if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+                    raise TypeError(number)
+            except (ValueError, TypeError, KeyError) as e:
+                raise IntegrityError(f"{self.url(index)} is not a key index mreg wrote ({type(e).__name__})",
+                                     hint=f"delete it (the next push writes it again), then run "
+                                          f"`mreg verify --all --store {self.location}`") from None
+            v = self.version(name, number)
             return v if v.manifest.key == key else None
         # A push killed between its manifest and its index: look at the newest manifests, repair the index.
         for n in reversed(self.versions(name)[-50:]):

@@ -1,7 +1,8 @@
 """Moving versions between a local store and an S3 store: push, sync, remote verify and gc.
 
-Push: lease → upload the blobs the remote lacks (checked by key, SHA-256 verified by the server)
-→ create-only manifest → key index → drop the lease. A push killed anywhere leaves at most
+Push: lease → upload the blobs the remote lacks (checked by key and size, SHA-256 verified by the
+server; with verify_remote each present blob is also downloaded and hashed, and sent again if it
+fails) → create-only manifest → key index → drop the lease. A push killed anywhere leaves at most
 unreferenced blobs; the re-push uploads only what is missing.
 
 Sync: alias record → manifest (its digest must match the record) → blobs downloaded into a
@@ -43,11 +44,17 @@ class PushOutcome:
     uploaded_blobs: int
     uploaded_bytes: int
     present_blobs: int
+    #: Remote blobs of the right size whose content failed its digest, uploaded again (with verify_remote).
+    repaired_blobs: int = 0
+    #: Whether every remote blob already there was downloaded and hashed.
+    verified_remote: bool = False
 
 
 def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Progress | None = None,
-         workers: int = 8) -> PushOutcome:
-    """Copy a local version to the remote store; uploads only the blobs it lacks."""
+         workers: int = 8, verify_remote: bool = False) -> PushOutcome:
+    """Copy a local version to the remote store; uploads only the blobs it lacks. With `verify_remote`, every
+    remote blob of the right size is also downloaded and hashed, and sent again when it fails its digest (a size
+    check cannot see bytes replaced by others of the same size)."""
     progress = progress or NoProgress()
     existing = remote.find_by_key(version.name, version.manifest.key)
     files = {f.sha256: f.size for a in version.manifest.artifacts for f in a.files}
@@ -57,6 +64,20 @@ def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Prog
         # also when the version is already there.
         sizes = parallel(workers, lambda d: remote.size(remote.blob_key(d)), list(files))
         missing = [d for d, size in zip(files, sizes, strict=True) if size != files[d]]
+        damaged: list[str] = []
+        if verify_remote:
+            present = [d for d in files if d not in missing]
+            progress.start(f"verifying {len(present)} remote blob(s)", sum(files[d] for d in present))
+            lock = threading.Lock()
+
+            def counted(n: int) -> None:
+                with lock:
+                    progress.advance(n)
+
+            hashed = parallel(workers, lambda d: _remote_digest(remote, d, counted), present)
+            progress.done()
+            damaged = [d for d, actual in zip(present, hashed, strict=True) if actual != d]
+            missing += damaged
         progress.start(f"pushing {version.name}@{version.number}", sum(files[d] for d in missing))
         lock = threading.Lock()
 
@@ -70,7 +91,19 @@ def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Prog
     finally:
         remote.delete(lease)
     return PushOutcome(published, existing is not None, len(missing), sum(files[d] for d in missing),
-                       len(files) - len(missing))
+                       len(files) - len(missing), len(damaged), verify_remote)
+
+
+def _remote_digest(remote: S3Store, digest: str, advance: Callable[[int], None]) -> str | None:
+    """The sha256 of a remote blob's bytes as they stream in (None when it vanished meanwhile: sent again)."""
+    opened = remote.open(remote.blob_key(digest), f"verifying blob {digest[:12]}… in {remote.location}")
+    if opened is None:
+        return None
+    h = hashlib.sha256()
+    for chunk in opened[0]:
+        h.update(chunk)
+        advance(len(chunk))
+    return h.hexdigest()
 
 
 def _upload_blob(local: LocalStore, remote: S3Store, digest: str, advance: Callable[[int], None]) -> None:
@@ -182,9 +215,12 @@ def _materialize(remote: S3Store, local: LocalStore, manifest: Manifest, raw: by
 
 
 def _download_verified(remote: S3Store, digest: str, dest: Path, progress: Progress, lock: threading.Lock) -> None:
-    opened = remote.open(remote.blob_key(digest), f"downloading blob {digest[:12]}… from {remote.location}",
-                         missing_ok=False)
-    assert opened is not None
+    opened = remote.open(remote.blob_key(digest), f"downloading blob {digest[:12]}… from {remote.location}")
+    if opened is None:  # the server answered: the manifest names a blob the store does not hold
+        raise IntegrityError(
+            f"{remote.location}: blob {digest[:12]}… named by the manifest is missing; nothing was published locally",
+            hint=f"re-push the version from a good copy, or run `mreg verify --store {remote.location}`",
+        )
 
     def advance(n: int) -> None:
         with lock:

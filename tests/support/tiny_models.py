@@ -24,6 +24,8 @@ __all__ = [
     "build_padded_model",
     "build_tiny_bert",
     "build_tiny_llama",
+    "random_safetensors",
+    "write_random_safetensors",
     "write_safetensors",
 ]
 
@@ -272,6 +274,20 @@ def write_safetensors(
     except BaseException:
         Path(path).unlink(missing_ok=True)
         raise
+
+
+def random_safetensors(size: int, seed: int = 0) -> bytes:
+    """A valid safetensors file holding `size` random bytes as one U8 tensor (no float for a NaN scan to read)."""
+    import random
+
+    header = _safetensors_header(_prepare_tensors([("weight", "U8", (size,), lambda _: None)]), None)
+    return header + random.Random(seed).randbytes(size)
+
+
+def write_random_safetensors(path: Path, size: int, seed: int = 0) -> Path:
+    """random_safetensors(size, seed) written to `path`."""
+    path.write_bytes(random_safetensors(size, seed))
+    return path
 
 
 # --------------------------------------------------------------------------- random data

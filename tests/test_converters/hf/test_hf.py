@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from support.cli import artifact, convert, integrity_refusal
+from support.hostile import SAFETENSORS_DAMAGE
 from support.tiny_models import set_value
 
 from converters.hf import weights
@@ -43,7 +44,7 @@ def test_chunks_cover_every_value_once(tiny_model: Callable[..., Path], monkeypa
     for index in (0, 499, 500, 501, 64 * 128 - 1):  # chunk edges (500 halves) and the tensor's last value
         set_value(src, "model.layers.0.mlp.down_proj.weight", index, math.inf)
     found = weights.scan({"model.safetensors": src / "model.safetensors"})
-    assert found.nonfinite == {"model.layers.0.mlp.down_proj.weight": 5} and found.unreadable == {}
+    assert found.nonfinite == {"model.layers.0.mlp.down_proj.weight": 5}
 
 
 @pytest.mark.parametrize(("dtype", "values", "nonfinite", "nan"), [
@@ -73,8 +74,44 @@ def test_every_float_format_nan_and_inf_by_their_bits(dtype: str, values: list[i
         os.close(fd)
 
 
-def test_a_file_that_is_no_safetensors_is_noted_not_read(model_dir: Path, mreg: Any, store_root: Path) -> None:
-    """Random bytes named .safetensors: no loader reads them, so they carry no weights; the identity still holds."""
-    doc = convert(mreg, model_dir, "hf")
-    v = artifact(store_root, "m", doc["version"], "hf")[0]["verification"]
-    assert v["status"] == "passed" and "model.safetensors not read as safetensors" in v["detail"]
+@pytest.mark.parametrize(("path", "content", "error", "says"), [
+    ("model.safetensors", b"\x10" * 4096, "InvalidSafetensors", "model.safetensors is not a valid safetensors file"),
+    ("sub/model.safetensors", b"\x10" * 4096, "InvalidSafetensors", "sub/model.safetensors is not a valid"),
+    ("config.json", b'{"model_type": "llama",', "InvalidConfig", "config.json is not JSON"),
+    ("config.json", b"[1, 2]", "InvalidConfig", "config.json is JSON but not an object (it is an array)"),
+    ("tokenizer.json", b"\xff\xfe", "InvalidConfig", "tokenizer.json is not JSON"),
+    ("text_encoder/config.json", b"null", "InvalidConfig",
+     "text_encoder/config.json is JSON but not an object (it is null)"),
+])
+def test_a_snapshot_no_loader_can_parse_is_refused_before_anything_is_placed(
+        path: str, content: bytes, error: str, says: str, mreg: Any, tiny_model: Callable[..., Path],
+        store_root: Path) -> None:
+    """The identity converter checks structure too: it published random bytes named .safetensors as `passed`."""
+    src = tiny_model("llama")
+    (src / path).parent.mkdir(exist_ok=True)
+    (src / path).write_bytes(content)
+    r = mreg("convert", src, "--to", "hf", "--name", "m", "--json")
+    assert r.exit_code == 4, r.stderr
+    err = r.json["error"]
+    assert err["type"] == error and says in err["message"] and "\n" not in err["message"] and err["hint"]
+    assert not (store_root / "models" / "m" / "versions" / "1").exists(), "nothing published"
+    assert not [p for p in (store_root / "blobs").rglob("*") if p.is_file()], "nothing placed"
+
+
+@pytest.mark.parametrize("how", sorted(SAFETENSORS_DAMAGE))
+def test_mreg_refuses_the_headers_the_safetensors_library_refuses(how: str, tiny_model: Callable[..., Path]) -> None:
+    """Every damage of the hostile corpus is refused by the safetensors library as well as by mreg's reader:
+    mreg's reader is not stricter than the loaders on these, nor laxer."""
+    from safetensors import safe_open
+
+    from registry.convert.safetensors import InvalidSafetensors, read_header
+
+    path = tiny_model("llama") / "model.safetensors"
+    read_header(path)  # the undamaged file passes both
+    with safe_open(path, "numpy"):
+        pass
+    path.write_bytes(SAFETENSORS_DAMAGE[how](path.read_bytes()))
+    with pytest.raises(InvalidSafetensors, match=r"model\.safetensors is not a valid safetensors file"):
+        read_header(path)
+    with pytest.raises(Exception), safe_open(path, "numpy") as f:  # noqa: B017 - its error types vary by version
+        list(f.keys())

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from support.hub_server import LocalHub
+from support.tiny_models import random_safetensors
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def files(seed: int = 0, weights: int = 4096) -> dict[str, bytes]:
     return {
         "config.json": b'{"model_type": "llama", "seed": %d}' % seed,
         "tokenizer.json": b'{"model": {"type": "BPE"}}',
-        "model.safetensors": rnd.randbytes(weights),
+        "model.safetensors": random_safetensors(weights, rnd.randrange(1 << 30)),
         "README.md": b"# tiny\n",
     }
 
@@ -85,15 +86,6 @@ def test_unknown_repo_and_revision(mreg: Any, hub: LocalHub) -> None:
     r = mreg("pull", "org/tiny@nope", "--endpoint", hub.endpoint)
     assert r.exit_code == 3 and "revision 'nope'" in r.stderr
     assert mreg("pull", "bad repo id!", "--endpoint", hub.endpoint).exit_code == 8
-
-
-@pytest.mark.parametrize("repo", ["dir/", "a//b", "a" * 300, "org/" + "b" * 97, "ab--c/d", "org/name-"])
-def test_malformed_hub_names_are_unsafe_before_any_request(mreg: Any, repo: str, cache_root: Path) -> None:
-    """No request is made (the endpoint is a closed port): one line, exit 8, valid --json, nothing cached."""
-    r = mreg("pull", repo, "--endpoint", "http://127.0.0.1:9", "--json")
-    assert r.exit_code == 8 and r.json["error"]["type"] == "UnsafeInput", r.stderr
-    assert len(r.json["error"]["message"]) < 200 and r.json["error"]["hint"]
-    assert not cache_root.exists() or not any(cache_root.rglob("*"))
 
 
 def test_dropped_connection_is_resumed_with_a_range_request(mreg: Any, hub: LocalHub) -> None:

@@ -158,24 +158,3 @@ def test_rollback_stack() -> None:
     h = [e("promote", 1), e("promote", 2), e("promote", 3), e("rollback", 2), e("promote", 4)]
     assert aliases.rollback_stack(h, "p") == [1, 2, 4]
     assert aliases.rollback_stack(h, "other") == []
-
-
-@pytest.mark.parametrize("damage", ["binary", "directory"])
-def test_a_damaged_history_is_an_integrity_error_and_nothing_changes(mreg: Any, three_versions: str,
-                                                                     store_root: Path, damage: str) -> None:
-    """history, rollback and gc refuse a history.jsonl that is binary or a directory (they tracebacked)."""
-    for v in (1, 2):
-        assert mreg("promote", f"m@{v}").exit_code == 0
-    log = layout.model_dir(store_root, "m") / layout.HISTORY
-    log.unlink()
-    if damage == "binary":
-        log.write_bytes(b"\xff\xfe\x00garbage" * 10)
-    else:
-        log.mkdir()
-    before = os.readlink(layout.alias_path(store_root, "m", "production"))
-    for args in (("history", "m"), ("rollback", "m"), ("gc", "--yes")):
-        r = mreg(*args, "--json")
-        assert r.exit_code == 4 and r.json["error"]["type"] == "IntegrityError", (args, r.stderr)
-        assert "history" in r.json["error"]["message"] and r.json["error"]["hint"]
-    assert os.readlink(layout.alias_path(store_root, "m", "production")) == before
-    assert sorted(LocalStore(store_root).versions("m")) == [1, 2, 3]

@@ -12,10 +12,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 from support import workers
+from support.tiny_models import write_safetensors
 
 from registry import layout
 from registry.cache import pull_local
@@ -80,9 +81,12 @@ def test_sigkill_during_publish_never_leaves_a_partial_version(tmp_path: Path, c
     src = tmp_path / "big"
     src.mkdir()
     block = random.Random(1).randbytes(1 << 20)
-    with open(src / "model.safetensors", "wb") as f:
+
+    def body(f: BinaryIO) -> None:
         for _ in range(48):
             f.write(block)
+
+    write_safetensors(src / "model.safetensors", [("weight", "U8", (48 << 20,), body)])  # what --to hf accepts
     store = LocalStore(store_root)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)])}
     cmd = [sys.executable, str(TESTS / "support" / "workers.py"), "publish_and_promote", str(cache_root),

@@ -22,6 +22,7 @@ import pytest
 from support import workers
 from support.hostile import files, refused
 from support.s3_server import SeaweedS3
+from support.tiny_models import write_random_safetensors
 
 from registry import layout
 from registry.store.local import LocalStore
@@ -130,8 +131,8 @@ def test_sigkill_during_push(mreg: Any, tmp_path: Path, remote_url: str, s3env: 
     src.mkdir()
     rnd = random.Random(5)
     for i in range(6):
-        (src / f"model-{i}.safetensors").write_bytes(rnd.randbytes(6 << 20))
-    (src / "large.safetensors").write_bytes(rnd.randbytes(70 << 20))  # multipart
+        write_random_safetensors(src / f"model-{i}.safetensors", 6 << 20, rnd.randrange(1 << 30))
+    write_random_safetensors(src / "large.safetensors", 70 << 20, rnd.randrange(1 << 30))  # multipart
     (src / "config.json").write_text("{}")
     assert mreg("convert", src, "--to", "hf", "--name", "big").exit_code == 0
     env = {**os.environ, **s3env}
@@ -472,11 +473,9 @@ def test_a_damaged_local_blob_is_not_pushed_and_a_damaged_remote_one_is_repaired
         mreg: Any, tmp_path: Path, remote_url: str, store_root: Path) -> None:
     """Multipart uploads carry no whole-object check: the blob is hashed before it travels. A remote blob
     cut short is sent again by the next push, even of a version already there."""
-    import random
-
     src = tmp_path / "big"
     src.mkdir()
-    (src / "large.safetensors").write_bytes(random.Random(3).randbytes(70 << 20))  # past the multipart threshold
+    write_random_safetensors(src / "large.safetensors", 70 << 20, 3)  # past the multipart threshold
     (src / "config.json").write_text("{}")
     assert mreg("convert", src, "--to", "hf", "--name", "big").exit_code == 0
     store = LocalStore(store_root)
@@ -495,3 +494,26 @@ def test_a_damaged_local_blob_is_not_pushed_and_a_damaged_remote_one_is_repaired
     again = mreg("push", "big@1", remote_url, "--json")
     assert again.exit_code == 0 and again.json["reused"] and again.json["uploaded_blobs"] == 1
     assert mreg("verify", "big@1", "--store", remote_url).exit_code == 0
+
+
+def test_push_verify_remote_repairs_a_same_size_tampered_blob(mreg: Any, model_dir: Path, remote_url: str,
+                                                              s3server: SeaweedS3) -> None:
+    """A remote blob replaced by other bytes of the same size passes the size check of a plain push; with
+    --verify-remote every remote blob is read through the digest, and the one that fails is uploaded again."""
+    _versions(mreg, model_dir, "m", 1)
+    assert mreg("push", "m@1", remote_url).exit_code == 0
+    store = S3Store(remote_url)
+    weights = next(f for f in store.version("m", 1).manifest.artifacts[0].files if f.path == "model.safetensors")
+    key = store.blob_key(weights.sha256)
+    s3server.client().put_object(Bucket=BUCKET, Key=key, Body=b"\0" * weights.size)  # same size, other bytes
+    plain = mreg("push", "m@1", remote_url, "--json").json
+    assert (plain["uploaded_blobs"], plain["repaired_blobs"], plain["verified_remote"]) == (0, 0, False)
+    assert mreg("verify", "m@1", "--store", remote_url).exit_code == 4, "still damaged: a size check cannot tell"
+    r = mreg("push", "m@1", remote_url, "--verify-remote")
+    assert r.exit_code == 0 and "1 damaged remote blob(s) repaired" in r.stdout, r.stderr + r.stdout
+    assert hashlib.sha256(s3server.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()).hexdigest() \
+        == weights.sha256
+    assert mreg("verify", "m@1", "--store", remote_url).exit_code == 0
+    again = mreg("push", "m@1", remote_url, "--verify-remote", "--json").json
+    assert (again["uploaded_blobs"], again["repaired_blobs"], again["verified_remote"]) == (0, 0, True)
+    assert again["reused"] is True and again["present_blobs"] == len(store.version("m", 1).manifest.artifacts[0].files)

@@ -45,6 +45,23 @@ def test_same_conversion_is_reused(mreg: Any, model_dir: Path, store_root: Path)
     assert [p.name for p in (store_root / "models" / "m" / "versions").iterdir()] == ["1"]
 
 
+def test_a_new_converter_version_converts_again(mreg: Any, model_dir: Path, store_root: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The converter's version is in the key: a conversion made before a check was added (NaN/Inf) is not found
+    as "passed" by an mreg that has the check; it is made again, as a new version."""
+    from converters.hf.converter import HFConverter
+
+    first = mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json").json
+    monkeypatch.setattr(HFConverter, "version", str(int(HFConverter.version) + 1))
+    again = mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json").json
+    assert again["reused"] is False and again["version"] == first["version"] + 1
+    assert again["manifest_sha256"] != first["manifest_sha256"]
+    manifest = json.loads((store_root / "models/m/versions/2/manifest.json").read_text())
+    assert manifest["artifacts"][0]["converter"]["version"] == HFConverter.version
+    same = mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json").json
+    assert same["reused"] is True and same["version"] == again["version"]
+
+
 def test_identical_files_are_stored_once(mreg: Any, model_dir: Path, store_root: Path) -> None:
     mreg("convert", model_dir, "--to", "hf", "--name", "m")
     (model_dir / "config.json").write_text('{"changed": true}')
@@ -70,6 +87,7 @@ def test_cache_edited_after_pull_is_caught(mreg: Any, model_dir: Path, cache_roo
     blob = snap.file("model.safetensors")
     os.chmod(blob, 0o644)
     with open(blob, "r+b") as f:
+        f.seek(-8, os.SEEK_END)  # in the weights: the header still parses, only the digest can tell
         f.write(b"tampered")
     os.utime(blob, (snap.record.pulled.at.timestamp() + 100,) * 2)
     with pytest.raises(IntegrityError, match="changed since it was pulled"):
@@ -215,11 +233,13 @@ def test_a_cached_file_edited_in_place_with_its_mtime_kept_is_not_published(
     for p in model_dir.iterdir():  # an old directory: the convert finds its import unchanged and reads the cache
         os.utime(p, (time.time() - 3600,) * 2)
     assert mreg("pull", model_dir).exit_code == 0
-    (blob,) = [p for p in cache_root.rglob("*") if p.is_file() and not p.is_symlink() and p.stat().st_size == 1 << 16]
+    size = (model_dir / "model.safetensors").stat().st_size
+    (blob,) = [p for p in cache_root.rglob("*") if p.is_file() and not p.is_symlink() and p.stat().st_size == size]
     st = blob.stat()
     time.sleep(1.2)  # past the second of slack that coarse filesystem clocks get
     os.chmod(blob, 0o644)
     with blob.open("r+b") as f:
+        f.seek(-8, os.SEEK_END)  # in the weights: the header still parses, only the digest can tell
         f.write(b"tampered")
     os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))  # the mtime says nothing changed
     r = mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json")
