@@ -252,7 +252,9 @@ def _chat_template(directory: Path, config: dict[str, Any] | None) -> str | list
         found.update((p.name.removesuffix(".jinja"), p.read_text(encoding="utf-8"))
                      for p in sorted(extra.glob("*.jinja")) if p.is_file())
     if found:
-        return found["default"] if list(found) == ["default"] else [{"name": k, "template": v} for k, v in found.items()]
+        if list(found) == ["default"]:
+            return found["default"]
+        return [{"name": k, "template": v} for k, v in found.items()]
     for doc in (config, read_object(directory / "chat_template.json")):
         template = (doc or {}).get("chat_template")
         if isinstance(template, str):

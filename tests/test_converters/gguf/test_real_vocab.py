@@ -22,8 +22,17 @@ from typing import Any
 
 import pytest
 from support.cli import artifact, convert
-from support.llama_cpp_source import (UNSUPPORTED, VOCABS, RealVocab, build_model, cases, field,
-                                      pre_tokenizer_table, read_vocab, reference_vocab_files)
+from support.llama_cpp_source import (
+    UNSUPPORTED,
+    VOCABS,
+    RealVocab,
+    build_model,
+    cases,
+    field,
+    pre_tokenizer_table,
+    read_vocab,
+    reference_vocab_files,
+)
 
 from converters.gguf.pretokenizer import _by_structure, known_names, table
 from converters.gguf.verify import gguf_reader
@@ -33,9 +42,9 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("gguf")
 
 #: Where the pre-tokenizer llama.cpp's converter names today differs from the one in the (older) vocabulary file.
-#: gpt-neox's and baichuan's files predate pre-tokenizer names; MPT's and OLMo's tokenizers hash alike and the converter's
-#: table lists OLMo last (the last match wins); the qwen35 file carries Qwen2's vocabulary, on which the Qwen3.5
-#: split gives Qwen2's ids for the check text.
+#: gpt-neox's and baichuan's files predate pre-tokenizer names; MPT's and OLMo's tokenizers hash alike and the
+#: converter's table lists OLMo last (the last match wins); the qwen35 file carries Qwen2's vocabulary, on which
+#: the Qwen3.5 split gives Qwen2's ids for the check text.
 PRE_NOW = {"gpt-neox": "olmo", "mpt": "olmo", "qwen35": "qwen2", "baichuan": "default"}
 #: The vocabularies converted at Q8_0 (the rest at F16, cheaper: the tokenizer keys do not depend on the type).
 Q8_0 = ("llama-spm", "llama-bpe", "qwen2")
