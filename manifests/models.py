@@ -76,6 +76,9 @@ class Verification(_Record):
     inputs: tuple[str, ...] = ()
     metrics: dict[str, float] = Field(default_factory=dict)
     tolerance: dict[str, float] = Field(default_factory=dict)
+    #: Quality figures' default budgets (a metric's name -> its largest value; `top1_agreement`: its smallest):
+    #: reported against, never failing the conversion; a promotion gate can require them.
+    budget: dict[str, float] = Field(default_factory=dict)
     detail: str | None = None
 
 

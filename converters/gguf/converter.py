@@ -23,6 +23,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from converters.gguf import quality
 from converters.gguf.file import HashingWriter, header
 from converters.gguf.mix import FILE_TYPES
 from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan
@@ -206,6 +207,10 @@ class GGUFConverter(ConverterBase):
             raise UsageError(f"unknown GGUF type {raw.get('spec')!r}",
                              hint=f"valid types: {', '.join(FILE_TYPES)}")
         return {"type": spec}
+
+    def gate_problems(self, artifact: Artifact | None, requirement: str) -> list[str]:
+        """`gguf`: a GGUF file; `gguf:quality`: its quality within its recorded budgets; `gguf:kl=X,top1=Y`: ours."""
+        return quality.gate_problems(artifact, requirement)
 
     def tool_versions(self) -> dict[str, str]:
         """numpy and gguf shape the bytes; llama-cpp-python and transformers the verification."""

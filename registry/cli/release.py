@@ -36,7 +36,9 @@ def _change_text(c: AliasChange) -> str:
 @click.option("--alias", default="production", show_default=True, help="Alias to move.")
 @click.option("--expect", metavar="VERSION|none", help="Only if the alias currently points here (else exit 5).")
 @click.option("-m", "--message", help="Why (recorded in the history).")
-@click.option("--require", multiple=True, metavar="FORMAT", help="Refuse unless the version has this format.")
+@click.option("--require", multiple=True, metavar="FORMAT[:ARGS]",
+              help="Refuse unless the version has this format (tensorrt:sm_80 engines for a GPU; gguf:quality or "
+                   "gguf:kl=0.02,top1=0.9 GGUF quality within a budget) or check[:GOLDEN] passed.")
 @click.option("--force", is_flag=True, help="Promote even when a gate refuses.")
 @click.option("--reload", "reload_cmd", metavar="CMD", help="After the flip, run this (sh -c) so the engine reloads.")
 @click.option("--reload-url", metavar="URL", help="After the flip, POST to this URL (an engine's reload endpoint).")

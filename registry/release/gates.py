@@ -2,13 +2,15 @@
 
 A failed verification always blocks. A requirement (`--require`, or `require` under
 `[models.NAME]`) names a format, which the format's converter judges (`tensorrt:sm_80,sm_90`
-asks for engines), or `check[:GOLDEN]`, a passing golden-set check.
+asks for engines; `gguf:quality` or `gguf:kl=0.02` every GGUF file's measured quality within a budget), or
+`check[:GOLDEN]`, a passing golden-set check.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from manifests import Artifact
 from registry.convert.formats import get, known
 from registry.release.check import check_problems
 from registry.store.protocol import Store, Version
@@ -32,8 +34,10 @@ def check_gates(version: Version, requirements: Sequence[str] = (), store: Store
             problems += check_problems(store, version, req) if store is not None else [
                 f"{req}: no store to read check records from"]
         elif known(kind):
-            problems += get(kind).gate_problems(next((a for a in version.manifest.artifacts if a.format == kind),
-                                                     None), req)
+            # Every artifact of the format answers (a version can hold several GGUF types, each judged).
+            arts: list[Artifact | None] = [a for a in version.manifest.artifacts if a.format == kind] or [None]
+            for candidate in arts:
+                problems += get(kind).gate_problems(candidate, req)
         elif kind not in formats:
             problems.append(f"no {kind} artifact (required by --require {req})")
     return problems
