@@ -152,13 +152,26 @@ def _sentencepiece(directory: Path, vocab_size: int) -> Vocab:
         raise UnsupportedTokenizer(f"tokenizer.model is not a SentencePiece model: {e}") from e
     if not tokens:
         raise UnsupportedTokenizer("tokenizer.model holds no pieces")
-    config = directory / "tokenizer_config.json"
-    decoder = (read_object(config) or {}).get("added_tokens_decoder") or {}
+    decoder = (read_object(directory / "tokenizer_config.json") or {}).get("added_tokens_decoder") or {}
+    added = read_object(directory / "added_tokens.json") or {}
     size = max(vocab_size, len(tokens))
     tokens += [f"[PAD{i}]" for i in range(len(tokens), size)]
     scores += [-10000.0] * (size - len(scores))  # llama.cpp's converter's score for ids no piece or token names
     types += [UNUSED] * (size - len(types))
+    # added_tokens.json (older repositories) first, then tokenizer_config.json's added tokens, as llama.cpp does.
+    for text, tid in added.items():
+        if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
+            raise UnsupportedTokenizer(f"added_tokens.json maps {text!r} to {tid!r}, not a token id",
+                                       hint="re-pull the repository")
+        if tid < size:
+            tokens[tid], scores[tid], types[tid] = text, -1000.0, USER_DEFINED
+    if not isinstance(decoder, dict):
+        raise UnsupportedTokenizer("tokenizer_config.json's added_tokens_decoder is not an object",
+                                   hint="re-pull the repository")
     for key, data in decoder.items():
+        if not key.isdigit() or not isinstance(data, dict) or not isinstance(data.get("content"), str):
+            raise UnsupportedTokenizer(f"tokenizer_config.json's added token {key!r} is not an id with a content",
+                                       hint="re-pull the repository")
         tid = int(key)
         if tid < size:
             text = data["content"]

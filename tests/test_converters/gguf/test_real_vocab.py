@@ -198,3 +198,16 @@ def test_a_wordpiece_tokenizer_is_refused(llama_cpp_root: Path, mreg: Any, store
     assert result.exit_code == 2, result.output
     assert "not a byte-level BPE" in json.loads(result.stdout)["error"]["message"]
     assert not (store_root / "models" / "m").exists()
+
+
+def test_tekken_pre_tokenizer_is_named_by_its_regex() -> None:
+    """Mistral's tekken (Nemo, Pixtral) split regex, read from its structure when the hash is not known."""
+    from converters.gguf.pretokenizer import SPLIT_REGEXES
+
+    (regex,) = [r for r, name in SPLIT_REGEXES.items() if name == "tekken"]
+    doc = {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}}
+    assert _by_structure(doc) == "tekken"
+    doc["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = regex.replace(r"\p{N}", r"\p{N}{1,3}")
+    assert _by_structure(doc) is None
