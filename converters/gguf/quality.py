@@ -1,4 +1,5 @@
-"""The quality gate of GGUF files: `--require gguf:quality` and `--require gguf:kl=0.02,top1=0.9`.
+"""The quality gate of GGUF files: `--require gguf:quality` and `--require gguf:kl=0.02,kl99=0.2,top1=0.9,ppl=1.02`
+(mean and 99th-percentile KL divergence, top-1 agreement, perplexity ratio to the reference).
 
 A quantized file's KL divergence and top-1 agreement against the float32 reference are recorded by its
 verification and judged here, at promotion, against a budget: the defaults its verification recorded
@@ -15,7 +16,8 @@ from manifests import Artifact
 from registry.errors import UsageError
 
 #: Requirement keys -> (metric, is the budget an upper bound).
-KEYS = {"kl": ("kl_divergence", True), "top1": ("top1_agreement", False)}
+KEYS = {"kl": ("kl_divergence", True), "kl99": ("kl_divergence_p99", True), "top1": ("top1_agreement", False),
+        "ppl": ("perplexity_ratio", True)}
 
 
 def parse(requirement: str) -> dict[str, float] | None:
@@ -34,7 +36,7 @@ def parse(requirement: str) -> dict[str, float] | None:
             number = math.nan
         if key not in KEYS or not math.isfinite(number) or number < 0:
             raise UsageError(f"--require {requirement}: cannot read {part!r}",
-                             hint="use gguf:quality, or gguf:kl=0.02 and/or gguf:top1=0.9 (comma-separated)")
+                             hint="use gguf:quality, or gguf:kl=0.02, kl99=0.2, top1=0.9, ppl=1.02 (comma-separated)")
         out[KEYS[key][0]] = number
     return out
 

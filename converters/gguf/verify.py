@@ -232,15 +232,19 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str) -> dict
             np.savez(cache, ids=np.asarray(ids, np.int64), logits=logits)
         ref = logits.astype(np.float64)
     ref = ref[:, : got.shape[1]]
-    compared, found = compare_logits(got, ref, file_type)
+    compared, found = compare_logits(got, ref, file_type, ids)
     metrics.update(compared)
     metrics["logits_positions"] = float(len(ids))
     return {"problems": problems + found, "metrics": metrics, "notes": notes}
 
 
-def compare_logits(got: np.ndarray[Any, Any], ref: np.ndarray[Any, Any],
-                   file_type: str) -> tuple[dict[str, float], list[str]]:
-    """llama.cpp's logits against the reference's: the metrics and the problems (NaN or Inf on either side is one)."""
+def compare_logits(got: np.ndarray[Any, Any], ref: np.ndarray[Any, Any], file_type: str,
+                   ids: Sequence[int] | None = None) -> tuple[dict[str, float], list[str]]:
+    """llama.cpp's logits against the reference's: the metrics and the problems (NaN or Inf on either side is one).
+
+    Metrics: max difference, top-1 agreement, mean and 99th-percentile KL divergence over positions; with the
+    evaluated `ids`, the perplexity of each side on them (each position predicting the next id) and their ratio.
+    """
     from converters.gguf.reference import softmax
 
     metrics = {"logits_nonfinite": float(got.size - np.isfinite(got).sum()),
@@ -254,7 +258,15 @@ def compare_logits(got: np.ndarray[Any, Any], ref: np.ndarray[Any, Any],
         metrics["logits_max_abs_diff"] = float(np.abs(got - ref).max())
         metrics["logits_max_rel_diff"] = metrics["logits_max_abs_diff"] / scale
         metrics["top1_agreement"] = float((got.argmax(-1) == ref.argmax(-1)).mean())
-        metrics["kl_divergence"] = float(np.mean(np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1)))
+        kl = np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1)
+        metrics["kl_divergence"] = float(np.mean(kl))
+        metrics["kl_divergence_p99"] = float(np.percentile(kl, 99))
+        if ids is not None and len(ids) > 1:
+            nxt = np.asarray(ids[1:], dtype=np.int64)
+            rows = np.arange(len(nxt))
+            metrics["perplexity_reference"] = float(np.exp(-np.mean(np.log(p[rows, nxt] + 1e-30))))
+            metrics["perplexity_llama_cpp"] = float(np.exp(-np.mean(np.log(q[rows, nxt] + 1e-30))))
+            metrics["perplexity_ratio"] = metrics["perplexity_llama_cpp"] / metrics["perplexity_reference"]
     if file_type in LOGITS_REL_DIFF and not metrics["logits_max_rel_diff"] <= LOGITS_REL_DIFF[file_type]:
         problems.append(f"logits differ from the float32 reference by {metrics['logits_max_rel_diff']:.3g} std "
                         f"(bound {LOGITS_REL_DIFF[file_type]})")

@@ -85,9 +85,29 @@ def show_cmd(ref: str, config_path: str | None, store: str | None, as_json: bool
             size = sum(f.size for f in a.files)
             lines.append(f"  {a.format:<9} {len(a.files)} files, {human_size(size)}, {a.converter.name} "
                          f"{a.converter.version}, verification {a.verification.status}: {a.verification.method}")
+            quality = _quality(a.verification.metrics, a.verification.budget)
+            if quality:
+                lines.append(f"  {'':<9} quality: {quality}")
         return "\n".join(lines)
 
     Output(as_json).result(doc, human)
+
+
+def _quality(metrics: dict[str, float], budget: dict[str, float]) -> str:
+    """A quantized file's figures against the reference, one line (empty when none were measured)."""
+    if "kl_divergence" not in metrics:
+        return ""
+    parts = [f"KL {metrics['kl_divergence']:.3g}"]
+    if "kl_divergence_p99" in metrics:
+        parts.append(f"p99 {metrics['kl_divergence_p99']:.3g}")
+    if "kl_divergence" in budget:
+        within = metrics["kl_divergence"] <= budget["kl_divergence"]
+        parts.append(f"budget {budget['kl_divergence']:g} ({'within' if within else 'OVER'})")
+    if "top1_agreement" in metrics:
+        parts.append(f"top-1 {metrics['top1_agreement']:.2f}")
+    if "perplexity_ratio" in metrics:
+        parts.append(f"perplexity x{metrics['perplexity_ratio']:.3f}")
+    return ", ".join(parts)
 
 
 @click.command("history")

@@ -69,8 +69,22 @@ def test_the_gate_judges_recorded_or_given_budgets() -> None:
     assert gate_problems(None, "gguf:quality") == ["no gguf artifact (required by --require gguf:quality)"]
     with pytest.raises(UsageError):
         parse("gguf:kl=much")
+    assert parse("gguf:kl=0.02,kl99=0.2,top1=0.9,ppl=1.02") == {
+        "kl_divergence": 0.02, "kl_divergence_p99": 0.2, "top1_agreement": 0.9, "perplexity_ratio": 1.02}
     with pytest.raises(UsageError):
         parse("gguf:perplexity=1.02")
+
+
+def test_perplexity_of_both_sides_is_measured() -> None:
+    """Perplexity of the reference and of llama.cpp on the evaluated ids; equal logits give a ratio of 1."""
+    got, ref = _logits(noise=0.0)
+    ids = list(range(17))
+    metrics, _ = compare_logits(got, ref, "Q8_0", ids)
+    assert metrics["perplexity_ratio"] == pytest.approx(1.0)
+    assert metrics["perplexity_reference"] > 1.0 and metrics["kl_divergence_p99"] == pytest.approx(0.0, abs=1e-9)
+    noisy, _ = _logits(noise=2.0)
+    metrics, _ = compare_logits(noisy, ref, "Q4_K_M", ids)
+    assert metrics["kl_divergence_p99"] >= metrics["kl_divergence"] > 0
 
 
 def test_promotion_refuses_a_file_over_budget(mreg: Any, store_root: Path, tiny_model: Callable[..., Path]) -> None:
@@ -85,3 +99,5 @@ def test_promotion_refuses_a_file_over_budget(mreg: Any, store_root: Path, tiny_
     bad = mreg("promote", "m@1", "--require", "gguf:kl=lots", "--json")
     assert bad.exit_code == 2 and "gguf:kl=0.02" in json.loads(bad.stdout)["error"]["hint"]
     assert mreg("promote", "m@1", "--require", "gguf:quality", "--json").exit_code == 0
+    shown = mreg("show", "m@1")
+    assert shown.exit_code == 0 and "quality: KL " in shown.stdout and "(within)" in shown.stdout

@@ -33,6 +33,8 @@ def test_logits_match_the_reference(kind: str, spec: str, mreg: Any, store_root:
         assert "kl_divergence" not in v["tolerance"]
         assert m["kl_divergence"] <= KL_BUDGET[spec] == v["budget"]["kl_divergence"]
     assert 0.0 <= m["top1_agreement"] <= 1.0
+    assert m["kl_divergence_p99"] >= m["kl_divergence"] and m["perplexity_reference"] > 1.0
+    assert m["perplexity_ratio"] == pytest.approx(m["perplexity_llama_cpp"] / m["perplexity_reference"])
     if spec in LOGITS_REL_DIFF:
         assert m["logits_max_rel_diff"] <= LOGITS_REL_DIFF[spec] == v["tolerance"]["logits_max_rel_diff"]
         assert m["top1_agreement"] >= 0.9
