@@ -69,9 +69,9 @@ class GGUFSession:
         self._log.close()
         raise crashed(doing, code, lines[-1][:300] if lines else "")
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens llama.cpp makes of a text, BOS included when the model adds it."""
-        return int(self._ask({"op": "tokens", "text": text}, "tokenizing")["count"])
+    def count_tokens(self, text: str, templated: bool = False) -> int:
+        """Tokens llama.cpp makes of a text, BOS included when the model adds it (not to a rendered chat)."""
+        return int(self._ask({"op": "tokens", "text": text, "templated": templated}, "tokenizing")["count"])
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         """Render with the chat template stored in the GGUF metadata, as transformers renders it.
@@ -88,9 +88,10 @@ class GGUFSession:
         return chat.render(template, messages, tools=tools, add_generation_prompt=True,
                            special_tokens=self._special_tokens)
 
-    def generate(self, prompt: str, max_new_tokens: int) -> Generation:
-        """Greedy completion."""
-        out = self._ask({"op": "generate", "prompt": prompt, "max_new_tokens": max_new_tokens}, "generating")
+    def generate(self, prompt: str, max_new_tokens: int, templated: bool = False) -> Generation:
+        """Greedy completion (a rendered chat is tokenized as it is: no BOS added, its special tokens parsed)."""
+        out = self._ask({"op": "generate", "prompt": prompt, "max_new_tokens": max_new_tokens,
+                         "templated": templated}, "generating")
         return Generation(str(out["text"]), int(out["prompt_tokens"]), int(out["output_tokens"]),
                           float(out["seconds"]))
 

@@ -35,18 +35,24 @@ def serve(path: Path, n_ctx: int, requests: TextIO, answers: TextIO) -> None:
         req = json.loads(line)
         if req["op"] == "close":
             break
+        templated = bool(req.get("templated"))
         if req["op"] == "tokens":
-            _answer(answers, {"count": len(llm.tokenize(req["text"].encode(), add_bos=True, special=True))})
+            _answer(answers, {"count": len(_tokens(llm, req["text"], templated))})
         elif req["op"] == "generate":
             llm.reset()
             t0 = time.perf_counter()
-            out = llm.create_completion(req["prompt"], max_tokens=req["max_new_tokens"], temperature=0.0, top_k=1,
-                                        seed=0, repeat_penalty=1.0)
+            out = llm.create_completion(_tokens(llm, req["prompt"], templated), max_tokens=req["max_new_tokens"],
+                                        temperature=0.0, top_k=1, seed=0, repeat_penalty=1.0)
             usage = out.get("usage", {})
             _answer(answers, {"text": out["choices"][0]["text"], "prompt_tokens": int(usage.get("prompt_tokens", 0)),
                               "output_tokens": int(usage.get("completion_tokens", 0)),
                               "seconds": time.perf_counter() - t0})
     llm.close()
+
+
+def _tokens(llm: Any, text: str, templated: bool) -> list[int]:
+    """The ids of a prompt: BOS added as the model asks, except to a rendered chat (its template wrote it)."""
+    return list(llm.tokenize(text.encode(), add_bos=not templated, special=True))
 
 
 #: transformers' special-token names -> the middle of their GGUF id key (llama.cpp spells "seperator" so).

@@ -37,9 +37,9 @@ class HFSession(HFTokenizerSession):
         info = manifest.model
         self.context_length = info.context_length if info else None
 
-    def generate(self, prompt: str, max_new_tokens: int) -> Generation:
-        """Greedy generation."""
-        enc = self.tokenizer(prompt, return_tensors="pt")
+    def generate(self, prompt: str, max_new_tokens: int, templated: bool = False) -> Generation:
+        """Greedy generation (a rendered chat gets no special tokens added: it holds them)."""
+        enc = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=not templated)
         t0 = time.perf_counter()
         with self.torch.no_grad(), plain_greedy(self.model):
             out = self.model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,

@@ -35,9 +35,9 @@ class HFTokenizerSession:
 
     tokenizer: Any
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens of a text, with the special tokens the tokenizer adds."""
-        return len(self.tokenizer(text)["input_ids"])
+    def count_tokens(self, text: str, templated: bool = False) -> int:
+        """Tokens of a text, with the special tokens the tokenizer adds (none for a rendered chat)."""
+        return len(self.tokenizer(text, add_special_tokens=not templated)["input_ids"])
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         """Render with transformers' own apply_chat_template, tools passed through.

@@ -56,9 +56,10 @@ class OnnxSession(HFTokenizerSession):
                 feeds[name] = np.zeros(shape, dtype=dtype)
         return feeds
 
-    def generate(self, prompt: str, max_new_tokens: int) -> Generation:
-        """Greedy generation (the prefix is re-run at each step: simple, and exact)."""
-        ids = list(self.tokenizer(prompt)["input_ids"])
+    def generate(self, prompt: str, max_new_tokens: int, templated: bool = False) -> Generation:
+        """Greedy generation (the prefix is re-run at each step: simple, and exact; a rendered chat gets no
+        special tokens added)."""
+        ids = list(self.tokenizer(prompt, add_special_tokens=not templated)["input_ids"])
         n_prompt = len(ids)
         eos = self.tokenizer.eos_token_id
         t0 = time.perf_counter()

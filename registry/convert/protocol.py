@@ -110,14 +110,15 @@ class Session(Protocol):
     def context_length(self) -> int | None:
         """The longest prompt plus output the model takes, when known."""
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens the model's own tokenizer makes of a text (special tokens included)."""
+    def count_tokens(self, text: str, templated: bool = False) -> int:
+        """Tokens the model's own tokenizer makes of a text (with the special tokens it adds; `templated`: a
+        rendered chat, which already holds them, tokenized as transformers does: none added, those in it parsed)."""
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         """A chat (and the tools offered, if any) rendered with the model's own chat template, ready for generation."""
 
-    def generate(self, prompt: str, max_new_tokens: int) -> Generation:
-        """Greedy generation."""
+    def generate(self, prompt: str, max_new_tokens: int, templated: bool = False) -> Generation:
+        """Greedy generation (`templated` as for count_tokens: a rendered chat gets no second BOS)."""
 
     def embed(self, text: str) -> Embedding:
         """Mean-pooled, L2-normalized embedding (encoders)."""

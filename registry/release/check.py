@@ -166,7 +166,8 @@ def _run_case(session: Session, case: GoldenCase, baseline: Baseline | None, out
             raise UsageError(f"case {case.id!r}: {e}", hint=e.hint) from e
     else:
         prompt = case.prompt or ""
-    n_prompt = session.count_tokens(prompt)
+    templated = case.messages is not None  # the template wrote the special tokens: none are added again
+    n_prompt = session.count_tokens(prompt, templated=templated)
     limit = session.context_length
     if limit is not None and n_prompt + (0 if case.text is not None else case.max_new_tokens) > limit:
         return CaseResult(id=case.id, passed=False, prompt_tokens=n_prompt, latency_ms=0.0, failures=(
@@ -186,7 +187,7 @@ def _run_case(session: Session, case: GoldenCase, baseline: Baseline | None, out
                           latency_ms=round(emb.seconds * 1000, 3), cosine=cosine,
                           embedding_sha256=hashlib.sha256(json.dumps(emb.vector).encode()).hexdigest(),
                           failures=tuple(failures))
-    gen = session.generate(prompt, case.max_new_tokens)
+    gen = session.generate(prompt, case.max_new_tokens, templated=templated)
     outputs[case.id] = gen.text
     tps = gen.output_tokens / gen.seconds if gen.seconds > 0 and gen.output_tokens else None
     failures, hits, total = evaluate(case, gen.text, latency_ms=gen.seconds * 1000, tokens_per_s=tps, cosine=None,

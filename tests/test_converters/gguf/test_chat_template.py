@@ -158,3 +158,25 @@ def test_a_template_that_refuses_the_case_is_a_usage_error(fmt: str, mreg: Any, 
     assert [ln for ln in r.stderr.splitlines() if ln.startswith("error:")] == [f"error: {error['message']}"]
     assert "Traceback" not in r.stderr
     assert not (store_root / "models" / "m" / "checks").exists(), "a refused run records nothing"
+
+
+def test_a_template_that_writes_bos_gets_one_bos(mreg: Any, store_root: Path, tmp_path: Path,
+                                                 tiny_model: Callable[..., Path]) -> None:
+    """Llama's template writes `bos_token` itself: the rendered chat is tokenized as transformers'
+    apply_chat_template(tokenize=True) does, without adding a second BOS, in every format."""
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    src = tiny_model("llama")
+    assert mreg("convert", src, "--to", "gguf:F16", "--to", "hf", "--name", "m").exit_code == 0
+    messages = [{"role": "user", "content": "Capital of France?"}]
+    golden = tmp_path / "chat.jsonl"
+    golden.write_text(json.dumps({"id": "chat", "messages": messages, "max_new_tokens": 2}) + "\n")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(src)
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    assert ids.count(tokenizer.bos_token_id) == 1
+    for fmt in ("gguf", "hf"):
+        r = mreg("check", "m@1", "--golden", golden, "--format", fmt, "--json")
+        assert r.exit_code == 0, r.stdout + r.stderr
+        assert r.json["cases"][0]["prompt_tokens"] == len(ids), fmt
