@@ -106,23 +106,25 @@ def _session(store_root: Path, version: int) -> Any:
 def test_check_renders_messages_and_tools_exactly_as_transformers(llama_cpp_root: Path, mreg: Any, store_root: Path,
                                                                    tmp_path: Path,
                                                                    tiny_model: Callable[..., Path]) -> None:
-    """Qwen2.5's real template: `mreg check` passes on GGUF and hf, and llama.cpp is given transformers' text."""
+    """Qwen2.5's real template: `mreg check` passes on GGUF, ONNX and hf, and llama.cpp is given transformers' text."""
     pytest.importorskip("llama_cpp")
     pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime")
     transformers = pytest.importorskip("transformers")
     template = (templates(llama_cpp_root) / QWEN25_TEMPLATE).read_text(encoding="utf-8")
     src = _qwen(tiny_model, template, as_file=True)
-    assert mreg("convert", src, "--to", "gguf:F16", "--to", "hf", "--name", "m").exit_code == 0
+    converted = mreg("convert", src, "--to", "gguf:F16", "--to", "hf", "--to", "onnx", "--name", "m")
+    assert converted.exit_code == 0, converted.stderr
     golden = tmp_path / "chat.jsonl"
     golden.write_text("".join(json.dumps(c) + "\n" for c in CASES))
     counts = {}
-    for fmt in ("gguf", "hf"):
+    for fmt in ("gguf", "hf", "onnx"):
         r = mreg("check", "m@1", "--golden", golden, "--format", fmt, "--json")
         assert r.exit_code == 0, r.stdout + r.stderr
         assert [c["id"] for c in r.json["cases"]] == [c["id"] for c in CASES]
         assert all(c["passed"] and c["prompt_tokens"] > 0 for c in r.json["cases"])
         counts[fmt] = [c["prompt_tokens"] for c in r.json["cases"]]
-    assert counts["gguf"] == counts["hf"], "the same prompts, in the same tokens"
+    assert counts["gguf"] == counts["hf"] == counts["onnx"], "the same prompts, in the same tokens"
     tokenizer = transformers.AutoTokenizer.from_pretrained(src)
     session = _session(store_root, 1)
     try:
