@@ -52,7 +52,7 @@ class SourceFile(FileEntry):
 class SourceInfo(_Record):
     """Where a version came from: a hub repository pinned to a commit, or a local directory."""
 
-    kind: Literal["hub", "local"]
+    kind: Literal["hub", "local", "oci"]
     repo: str
     requested_revision: str | None = None
     commit: str

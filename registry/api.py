@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.cache import Snapshot
     from registry.convert.execute import ConversionOutcome
     from registry.convert.protocol import Target
+    from registry.oci.transfer import OciPushOutcome, OciSyncOutcome
     from registry.release.aliases import AliasChange
     from registry.release.hooks import HookedPromotion
     from registry.store.gc import GCPlan
@@ -77,9 +78,22 @@ def open_s3_store(url: str, *, endpoint_url: str | None = None) -> S3Store:
 
 def pull(source: str, *, cache: str | Path, include: Sequence[str] = (), exclude: Sequence[str] = (),
          allow_pickle: bool = False, offline: bool = False, endpoint: str | None = None,
-         progress: Progress | None = None) -> Snapshot:
-    """Bring `ORG/NAME[@REV]`, `./DIR` or `file:///DIR` into the cache, every file verified; returns the snapshot."""
+         progress: Progress | None = None, insecure: bool = False) -> Snapshot:
+    """Bring `ORG/NAME[@REV]`, `./DIR`, `file:///DIR`, `oci://HOST/REPO:TAG|@DIGEST` or `oci-layout:DIR[:TAG]`
+    into the cache, every file verified; returns the snapshot. `insecure`: plain HTTP to a loopback registry."""
     from registry import cache as cache_pkg
+    from registry.oci import reference
+
+    if reference.is_oci(source):
+        from registry.oci import transfer
+
+        if offline:
+            raise UsageError("--offline cannot pull from an OCI registry", hint="pull once online; then convert "
+                             "from the cached version with NAME@REF")
+        ref = reference.parse(source)
+        target = transfer.open_target(ref, insecure=insecure)
+        return transfer.pull(Path(cache), ref, target, include=include, exclude=exclude, allow_pickle=allow_pickle,
+                             progress=progress)
 
     return cache_pkg.pull(Path(cache), source, include=include, exclude=exclude, allow_pickle=allow_pickle,
                           offline=offline, endpoint=endpoint, progress=progress)
@@ -113,7 +127,7 @@ def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore,
             cache: str | Path, name: str | None = None, copy: bool = False, include: Sequence[str] = (),
             exclude: Sequence[str] = (), allow_pickle: bool = False, offline: bool = False,
             endpoint: str | None = None, progress: Progress | None = None,
-            on_pull: Callable[[], None] | None = None) -> ConversionOutcome:
+            on_pull: Callable[[], None] | None = None, insecure: bool = False) -> ConversionOutcome:
     """Convert a source into a new verified version of `name` (or find the same conversion's version).
 
     SOURCE is a hub repository, a local directory, or `NAME@REF` of a version in the store: the
@@ -129,7 +143,7 @@ def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore,
     fetch = on_pull or (lambda: None)
     if parent is not None:
         src = parent.manifest.source
-        if src.kind == "local":
+        if src.kind in ("local", "oci"):
             snap = load_record(Path(cache), src.repo, src.commit)
             if snap is None:
                 raise UsageError(f"the source of {parent.name}@{parent.number} ({src.requested_revision}) is no "
@@ -146,7 +160,7 @@ def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore,
                              hint="e.g. --name qwen2.5-7b")
         fetch()
         snap = pull(source, cache=cache, include=include, exclude=exclude, allow_pickle=allow_pickle,
-                    offline=offline, endpoint=endpoint, progress=progress)
+                    offline=offline, endpoint=endpoint, progress=progress, insecure=insecure)
     return run(store, snap, name, parsed, copy=copy, progress=progress, parent=parent)
 
 
@@ -288,3 +302,32 @@ def check(store: LocalStore, ref: str, golden: str | Path, *, fmt: str | None = 
     v = store.resolve(parse_ref(ref))
     return run_check(store, v, load_golden(Path(golden)), fmt=fmt, min_keyword_hit_rate=min_hit_rate,
                      record_baseline=record_baseline)
+
+
+def oci_push(store: LocalStore, version: str | Version, destination: str, *, force: bool = False,
+             insecure: bool = False, progress: Progress | None = None,
+             chunk: int | None = None) -> OciPushOutcome:
+    """Publish a local version to `oci://HOST/REPO[:TAG]` or `oci-layout:DIR[:TAG]` as a ModelPack artifact (the
+    tag defaults to the version number); a tag naming another digest is refused unless `force`."""
+    from registry.oci import reference, transfer
+
+    v = store.resolve(parse_ref(version)) if isinstance(version, str) else version
+    ref = reference.parse(destination)
+    if ref.digest:
+        raise UsageError(f"push to a tag, not a digest: {destination}", hint="e.g. oci://HOST/REPO:v1")
+    target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk)
+    return transfer.push(store, v, target, ref.tag or str(v.number), force=force, progress=progress)
+
+
+def oci_sync(source: str, store: LocalStore, *, alias: str = "production", name: str | None = None,
+             insecure: bool = False, progress: Progress | None = None) -> OciSyncOutcome:
+    """Materialize the version an OCI artifact carries in the local store (every layer verified), then flip
+    the local alias to it."""
+    from registry.oci import reference, transfer
+
+    check_alias(alias)
+    if name is not None:
+        check_name(name)
+    ref = reference.parse(source)
+    target = transfer.open_target(ref, insecure=insecure)
+    return transfer.sync(target, ref.digest or ref.tag, store, alias=alias, name=name, progress=progress)

@@ -106,6 +106,12 @@ class RuntimeCrashed(MregError):
         self.returncode = returncode
 
 
+class CredentialsRefused(MregError, PermissionError):
+    """A registry refused the credentials it was given (or asked for some and none were found)."""
+
+    exit_code = 13
+
+
 class StoreUnreachable(HubUnavailable):
     """A remote store could not be reached or answered with an unexpected error."""
 
@@ -141,4 +147,5 @@ EXIT_CODES: dict[int, str] = {
     10: "promoted, but the engine failed its reload or readiness check: the alias was flipped back",
     11: "a golden-set check failed (`mreg check`)",
     12: "a native runtime (llama.cpp) crashed in its own process; mreg recorded nothing",
+    13: "an OCI registry refused the credentials (or needs some and none were found)",
 }

@@ -250,3 +250,19 @@ def triton_model_dir(repo: Path, name: str) -> Path:
 def triton_plan_name(sm: str) -> str:
     """The plan link for one compute capability (`86` → `model_sm86.plan`), named in cc_model_filenames."""
     return f"model_sm{sm}.plan"
+
+
+# -- OCI image layout (`oci-layout:DIR`, what `skopeo copy oci:DIR …` reads) -----------------------------
+#
+#     <dir>/oci-layout                 {"imageLayoutVersion": "1.0.0"}
+#     <dir>/index.json                 the manifests, each tagged by org.opencontainers.image.ref.name
+#     <dir>/blobs/sha256/<hex>         manifests, configs and layers, named by their digest
+
+OCI_LAYOUT_FILE = "oci-layout"
+OCI_INDEX_FILE = "index.json"
+
+
+def oci_blob_path(root: Path, digest: str) -> Path:
+    """A blob of an OCI image layout (`sha256:HEX` → `blobs/sha256/HEX`)."""
+    algo, _, hexdigest = digest.partition(":")
+    return root / BLOBS / algo / hexdigest

@@ -60,24 +60,26 @@ def snapshot_doc(snap: Snapshot) -> dict[str, Any]:
 
 
 @click.command("pull")
-@click.argument("source", metavar="REPO[@REVISION] | ./DIR | file:///DIR")
+@click.argument("source", metavar="REPO[@REVISION] | ./DIR | file:///DIR | oci://HOST/REPO:TAG | oci-layout:DIR")
 @config_option
 @cache_option
 @pull_options
 @json_option
 def pull_cmd(source: str, config_path: str | None, cache_dir: str | None, include: tuple[str, ...],
              exclude: tuple[str, ...], allow_pickle: bool, offline: bool, endpoint: str | None,
-             as_json: bool) -> None:
+             insecure: bool, as_json: bool) -> None:
     """Download a hub repository (or import a local directory) into the cache, pinned and verified.
 
     Every file is checked against the hub's sha256 (LFS) or git blob id; free space is checked
     before the first byte; pickle weights are skipped unless --allow-pickle. A commit already in
-    the cache is served without network.
+    the cache is served without network. An OCI artifact (oci://…@sha256:… or :TAG, or an OCI
+    layout) lands as a snapshot pinned to its manifest digest, every layer checked against its
+    digest; for a version mreg pushed, the snapshot is its hf artifact.
     """
     cache = settings_for(config_path, cache_dir).require_cache()
     quiet_hub(as_json)
     snap = api.pull(source, cache=cache, include=include, exclude=exclude, allow_pickle=allow_pickle,
-                    offline=offline, endpoint=endpoint, progress=progress_for(as_json))
+                    offline=offline, endpoint=endpoint, progress=progress_for(as_json), insecure=insecure)
     doc = snapshot_doc(snap)
     Output(as_json).result(doc, lambda: "\n".join(filter(None, [
         f"✓ {doc['repo']}@{doc['commit'][:12]} ({doc['files']} files, {human_size(doc['bytes'])}"

@@ -29,7 +29,7 @@ def _tensorrt_tokens(backend: str | None, target: str | None, shapes: str | None
 
 
 @click.command("convert")
-@click.argument("source", metavar="REPO[@REVISION] | ./DIR | NAME@REF")
+@click.argument("source", metavar="REPO[@REVISION] | ./DIR | NAME@REF | oci://HOST/REPO:TAG")
 @click.option("--to", "targets", multiple=True, required=True, metavar="FORMAT[:SPEC]",
               help="Target format (repeatable): hf, gguf:TYPE (F16, Q8_0, Q4_K_M, …), onnx[:fp16,int8,optimize,"
                    "with-past], tensorrt[:target=sm_86+sm_89,…].")
@@ -48,7 +48,7 @@ def _tensorrt_tokens(backend: str | None, target: str | None, shapes: str | None
 def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: bool, backend: str | None,
                 trt_target: str | None, shapes: str | None, precision: str | None, config_path: str | None,
                 cache_dir: str | None, store: str | None, include: tuple[str, ...], exclude: tuple[str, ...],
-                allow_pickle: bool, offline: bool, endpoint: str | None, as_json: bool) -> None:
+                allow_pickle: bool, offline: bool, endpoint: str | None, insecure: bool, as_json: bool) -> None:
     """Convert a source (pulled into the cache first if needed) into a new, verified version.
 
     SOURCE is a hub repository, a local directory, or an existing version (NAME@REF): then the
@@ -66,7 +66,8 @@ def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: b
     st = local_store(settings)
     outcome = api.convert(source, parsed, store=st, cache=settings.require_cache(), name=name, copy=copy,
                           include=include, exclude=exclude, allow_pickle=allow_pickle, offline=offline,
-                          endpoint=endpoint, progress=progress_for(as_json), on_pull=lambda: quiet_hub(as_json))
+                          endpoint=endpoint, progress=progress_for(as_json), on_pull=lambda: quiet_hub(as_json),
+                          insecure=insecure)
     v = outcome.version
     m = v.manifest
     doc = {

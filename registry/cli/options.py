@@ -62,6 +62,11 @@ def cache_option(f: F) -> F:
                         help="Cache root. Else $MREG_CACHE_DIR, else `cache_dir` in the config file.")(f)
 
 
+insecure_option = click.option(
+    "--insecure", is_flag=True,
+    help="OCI: plain HTTP, allowed only for a registry on this machine (loopback test registries).")
+
+
 def pull_options(f: F) -> F:
     """Options shared by pull and convert."""
     for opt in reversed([
@@ -71,6 +76,7 @@ def pull_options(f: F) -> F:
                      help="Also fetch pickle weights (.bin/.pt/.pth/.ckpt/.pkl); they can run code when loaded."),
         click.option("--offline", is_flag=True, help="Use only the cache; never contact the hub."),
         click.option("--endpoint", envvar="HF_ENDPOINT", metavar="URL", help="Hub endpoint (default $HF_ENDPOINT)."),
+        insecure_option,
     ]):
         f = opt(f)
     return f

@@ -1,4 +1,4 @@
-"""`mreg push` and `mreg sync`: moving versions between a local store and an S3 store."""
+"""`mreg push` and `mreg sync`: moving versions between a local store and an S3 store or an OCI registry/layout."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import click
 from registry import api
 from registry.cli.options import (
     config_option,
+    insecure_option,
     json_option,
     local_store,
     progress_for,
@@ -21,29 +22,45 @@ from registry.refs import check_alias, check_name, parse_ref
 from registry.units import human_size
 
 if TYPE_CHECKING:
+    from registry.store.local import LocalStore
+    from registry.store.protocol import Version
     from registry.store.transfer import SyncOutcome
+
+
+def _is_oci(location: str) -> bool:
+    return location.startswith(("oci://", "oci-layout:"))
 
 
 @click.command("push")
 @click.argument("ref", metavar="NAME@REF")
-@click.argument("remote", metavar="s3://BUCKET/PREFIX")
+@click.argument("remote", metavar="s3://BUCKET/PREFIX | oci://HOST/REPO[:TAG] | oci-layout:DIR[:TAG]")
+@click.option("--force", is_flag=True, help="OCI: move a tag that already names another digest.")
+@insecure_option
 @click.option("--verify-remote", is_flag=True,
               help="Also download and hash every blob already in the remote store, and upload again those that "
                    "fail their digest (a plain push checks their size only).")
 @config_option
 @store_option
 @json_option
-def push_cmd(ref: str, remote: str, verify_remote: bool, config_path: str | None, store: str | None,
-             as_json: bool) -> None:
+def push_cmd(ref: str, remote: str, force: bool, insecure: bool, verify_remote: bool, config_path: str | None,
+             store: str | None, as_json: bool) -> None:
     """Copy a local version to an S3 store: only the blobs it lacks, SHA-256 checked by the server.
 
     The manifest is written last with a create-only PUT, which also allocates the remote version
     number; pushing the same version again uploads nothing. A remote blob of the wrong size is sent
     again; one of the right size whose bytes were replaced is found only with --verify-remote,
     which reads every remote blob of the version and repairs those that fail.
+
+    To an OCI registry (or an OCI image layout directory) the version becomes a ModelPack
+    artifact: one uncompressed layer per file, the store's blobs as they are, mreg's manifest as a
+    layer; blobs the registry has are not sent; the manifest is PUT last, under TAG (default: the
+    version number). A tag naming another digest is refused (exit 5) unless --force.
     """
     local = local_store(settings_for(config_path, store=store))
     v = local.resolve(parse_ref(ref))
+    if _is_oci(remote):
+        _push_oci(local, v, remote, force, insecure, as_json)
+        return
     out = api.push(local, v, s3_store(remote), progress=progress_for(as_json), verify_remote=verify_remote)
     doc = {"name": v.name, "local_version": v.number, "remote": remote, "remote_version": out.version.number,
            "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
@@ -60,25 +77,56 @@ def push_cmd(ref: str, remote: str, verify_remote: bool, config_path: str | None
         + repaired + ")"))
 
 
+def _push_oci(local: LocalStore, v: Version, remote: str, force: bool, insecure: bool, as_json: bool) -> None:
+    out = api.oci_push(local, v, remote, force=force, insecure=insecure, progress=progress_for(as_json))
+    doc = {"name": v.name, "local_version": v.number, "remote": remote, "tag": out.tag, "digest": out.digest,
+           "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
+           "present_blobs": out.present_blobs, "replaced": out.replaced}
+    Output(as_json).result(doc, (
+        f"✓ {v.name}@{v.number} → {remote} (tag {out.tag}, {out.digest[:19]}…; "
+        + ("already there; nothing uploaded)" if out.reused else
+           f"{out.uploaded_blobs} blob(s), {human_size(out.uploaded_bytes)} uploaded; {out.present_blobs} "
+           "already there" + (f"; tag moved from {out.replaced[:19]}…" if out.replaced else "") + ")")))
+
+
 @click.command("sync")
-@click.argument("remote", metavar="s3://BUCKET/PREFIX")
-@click.argument("name")
-@click.option("--alias", default="production", show_default=True, help="Remote alias to follow.")
+@click.argument("remote", metavar="s3://BUCKET/PREFIX | oci://HOST/REPO:TAG|@DIGEST | oci-layout:DIR[:TAG]")
+@click.argument("name", required=False)
+@click.option("--alias", default="production", show_default=True,
+              help="Remote alias to follow (S3); the local alias to flip (both).")
+@insecure_option
 @click.option("--watch", type=float, metavar="SECONDS", help="Keep following the alias, checking this often.")
 @config_option
 @store_option
 @json_option
-def sync_cmd(remote: str, name: str, alias: str, watch: float | None, config_path: str | None, store: str | None,
-         as_json: bool) -> None:
+def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: float | None, config_path: str | None,
+             store: str | None, as_json: bool) -> None:
     """Materialize a remote alias's version in the local store and flip the local alias to it.
 
     Every blob is verified while downloaded; the local version is published complete, then the
     local symlink is flipped, so an engine's mount path moves from one complete tree to another.
     With --watch it keeps following the alias until SIGTERM or Ctrl-C (one JSON line per change).
+
+    From OCI (NAME optional: the artifact names its version), the version mreg pushed there is
+    reproduced exactly, under its number, every layer verified, and the local --alias flips to it.
     """
     import signal
     import threading
 
+    if _is_oci(remote):
+        if watch is not None:
+            raise click.UsageError("--watch follows S3 aliases; an OCI tag is not an alias")
+        local = local_store(settings_for(config_path, store=store))
+        o = api.oci_sync(remote, local, alias=alias, name=name, insecure=insecure, progress=progress_for(as_json))
+        doc = {"name": o.name, "alias": alias, "version": o.version, "digest": o.digest, "changed": o.changed,
+               "downloaded_blobs": o.downloaded_blobs, "downloaded_bytes": o.downloaded_bytes,
+               "path": local.alias_mount(o.name, alias)}
+        Output(as_json).result(doc, f"✓ {o.name} {alias} → {o.version}" + (
+            f" ({o.downloaded_blobs} blob(s), {human_size(o.downloaded_bytes)} downloaded)" if o.changed else
+            " (already current)"))
+        return
+    if name is None:
+        raise click.UsageError("NAME is required when syncing from S3")
     check_name(name)
     check_alias(alias)
     local = local_store(settings_for(config_path, store=store))

@@ -1,0 +1,101 @@
+"""Files that arrive as a stream with their sha256 already named (OCI layers): hashed while written, then linked.
+
+The same layout as a local import: blobs named by sha256, a snapshot of links renamed into place
+only when every file matched, then the record. A mismatch removes that file and raises; nothing
+becomes visible.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from manifests import PullRecord, SourceFile, SourceInfo
+from registry import atomic, layout, provenance
+from registry.cache.plan import RemoteFile, check_space, plan_pull
+from registry.cache.records import Snapshot, load_record, write_record, write_ref
+from registry.digest import write_hashed
+from registry.errors import IntegrityError
+from registry.progress import NoProgress, Progress
+
+
+@dataclass(frozen=True)
+class IncomingFile:
+    """A file to import: its path in the snapshot, its announced size and sha256, and how to read it."""
+
+    path: str
+    size: int
+    sha256: str
+    chunks: Callable[[], Iterable[bytes]]
+
+
+def import_files(cache: Path, repo: str, commit: str, requested: str, files: Sequence[IncomingFile], *,
+                 kind: Literal["oci"], ref: str | None = None, include: Sequence[str] = (),
+                 exclude: Sequence[str] = (), allow_pickle: bool = False,
+                 progress: Progress | None = None) -> Snapshot:
+    """Bring announced files into the cache as the snapshot `commit` of `repo`, every one verified."""
+    progress = progress or NoProgress()
+    hit = load_record(cache, repo, commit)
+    if hit is not None:
+        if ref:
+            write_ref(cache, repo, ref, commit)
+        return hit
+    by_path = {f.path: f for f in files}
+    plan = plan_pull(repo, commit, [RemoteFile(f.path, f.size, f.sha256, None) for f in files],
+                     include=include, exclude=exclude, allow_pickle=allow_pickle)
+    cache.mkdir(parents=True, exist_ok=True)
+    blobs = layout.cache_blobs_dir(cache, repo)
+    blobs.mkdir(parents=True, exist_ok=True)
+    present = {f.path for f in plan.selected if (blobs / by_path[f.path].sha256).is_file()}
+    plan = check_space(plan_pull(repo, commit, [RemoteFile(f.path, f.size, f.sha256, None) for f in files],
+                                 include=include, exclude=exclude, allow_pickle=allow_pickle, present=present), cache)
+    atomic.sweep(blobs, "tmp")
+    progress.start(f"pulling {requested}", plan.missing_bytes)
+    done: list[SourceFile] = []
+    for rf in plan.selected:
+        f = by_path[rf.path]
+        if rf.path not in present:
+            _fetch(cache, blobs, f, progress)
+        done.append(SourceFile(path=f.path, size=f.size, sha256=f.sha256, lfs=True))
+    progress.done()
+    snap = layout.cache_snapshot_dir(cache, repo, commit)
+    if not snap.is_dir():
+        stage = atomic.temp_name(snap, "snap")
+        for sf in done:
+            link = stage / sf.path
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.path.relpath(blobs / sf.sha256, link.parent), link)
+        try:
+            os.rename(stage, snap)
+        except OSError:
+            shutil.rmtree(stage, ignore_errors=True)
+            if not snap.is_dir():
+                raise
+    record = PullRecord(source=SourceInfo(kind=kind, repo=repo, requested_revision=requested, commit=commit,
+                                          files=tuple(done)),
+                        skipped=plan.skipped_pickle + plan.skipped_filter, pulled=provenance.now())
+    write_record(cache, repo, commit, record)
+    if ref:
+        write_ref(cache, repo, ref, commit)
+    return Snapshot(cache, record, snap, downloaded_bytes=plan.missing_bytes)
+
+
+def _fetch(cache: Path, blobs: Path, f: IncomingFile, progress: Progress) -> None:
+    tmp = atomic.temp_name(blobs / f.sha256)
+    try:
+        actual = write_hashed(tmp, f.chunks(), progress.advance)
+        if actual != f.sha256 or tmp.stat().st_size != f.size:
+            raise IntegrityError(f"{f.path}: the bytes received hash to {actual[:12]}…, not {f.sha256[:12]}… as "
+                                 "the manifest says; nothing was added to the cache",
+                                 hint="the registry's copy is damaged: push the version again from a good store")
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, blobs / f.sha256)
+    except OSError as e:
+        atomic.raise_if_full(e, cache)
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,18 @@
+"""OCI registries and OCI image layouts as a distribution channel: versions published as ModelPack artifacts.
+
+A version becomes one OCI image manifest (``artifactType`` ``application/vnd.cncf.model.manifest.v1+json``)
+whose layers are the store's blobs as they are (same sha256, uncompressed), one per file, plus mreg's own
+manifest as a layer, so a pull reproduces the version byte for byte::
+
+    manifest (PUT last, under the tag)
+      config   application/vnd.cncf.model.config.v1+json   descriptor / config / modelfs.diffIds
+      layers   application/vnd.cncf.model.weight.v1.raw     title hf/model.safetensors   (= store blob sha256)
+               application/vnd.cncf.model.weight.config.v1.raw  title hf/config.json
+               application/vnd.cncf.model.doc.v1.raw        title hf/README.md
+               application/vnd.mreg.manifest.v1+json        title .mreg/manifest.json (digest = manifest digest)
+
+`reference` parses ``oci://HOST/REPO:TAG|@sha256:…`` and ``oci-layout:DIR[:TAG]``; `pack` builds the
+manifest and config (pure); `registry` (HTTP, with `auth`) and `layout` (a directory) are the two
+targets behind one protocol (`target`); `transfer` pushes, pulls into the cache and syncs into a store.
+Tags are names, not aliases: promotion stays in the store.
+"""

@@ -1,0 +1,129 @@
+"""An OCI image layout directory as a push or pull target (what `skopeo copy oci:DIR …` reads and writes).
+
+Layout (names in `registry.layout`)::
+
+    <dir>/oci-layout              {"imageLayoutVersion": "1.0.0"}
+    <dir>/index.json              manifests, tagged by org.opencontainers.image.ref.name (rewritten atomically)
+    <dir>/blobs/sha256/<hex>      every blob, written to a temporary name, hashed, then renamed
+
+Blobs are copied, not linked: the directory is made to be carried across an air gap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from registry import atomic, layout
+from registry.digest import file_chunks, write_hashed
+from registry.errors import IntegrityError, NotFound
+from registry.oci import media
+from registry.oci.reference import DIGEST, LayoutRef
+from registry.oci.target import MAX_MANIFEST, FetchedManifest
+
+
+class LayoutTarget:
+    """An OCI image layout on this machine's filesystem."""
+
+    def __init__(self, ref: LayoutRef, *, create: bool = False) -> None:
+        self.root = ref.path
+        self.location = str(ref.path)
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+            marker = self.root / layout.OCI_LAYOUT_FILE
+            if not marker.exists():
+                atomic.write_bytes(marker, json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
+        elif not (self.root / layout.OCI_LAYOUT_FILE).is_file():
+            raise NotFound(f"{self.root} is not an OCI image layout (no {layout.OCI_LAYOUT_FILE} file)",
+                           hint="give a directory written by `mreg push … oci-layout:DIR` or `skopeo copy … oci:DIR`")
+
+    def _blob(self, digest: str) -> Path:
+        if not DIGEST.match(digest):  # the name becomes a path: nothing else may
+            raise IntegrityError(f"{self.location}: {digest[:80]!r} is not a sha256 digest",
+                                 hint="the layout's index or manifest is damaged")
+        return layout.oci_blob_path(self.root, digest)
+
+    def blob_size(self, digest: str) -> int | None:
+        """The size of a blob the layout has, or None."""
+        try:
+            return self._blob(digest).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def upload_blob(self, digest: str, size: int, path: Path, advance: Callable[[int], None]) -> None:
+        """Copy a file in as the blob `digest`, hashed while copied; a mismatch leaves nothing."""
+        self._write(digest, file_chunks(path), advance)
+
+    def _write(self, digest: str, chunks: Any, advance: Callable[[int], None] | None = None) -> None:
+        dest = self._blob(digest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = atomic.temp_name(dest)
+        try:
+            actual = write_hashed(tmp, chunks, advance)
+            if f"sha256:{actual}" != digest:
+                raise IntegrityError(f"the bytes for blob {digest[:19]}… hash to sha256:{actual[:12]}…",
+                                     hint="run `mreg verify --all`: the local blob may be damaged")
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def open_blob(self, digest: str) -> Iterator[bytes]:
+        """A blob's bytes (the caller verifies them)."""
+        path = self._blob(digest)
+        if not path.is_file():
+            raise NotFound(f"{self.location} has no blob {digest[:19]}… although a manifest names it",
+                           hint="copy the whole layout directory again")
+        return file_chunks(path)
+
+    def _index(self) -> dict[str, Any]:
+        try:
+            doc = json.loads((self.root / layout.OCI_INDEX_FILE).read_bytes())
+        except FileNotFoundError:
+            return {"schemaVersion": 2, "mediaType": media.OCI_INDEX, "manifests": []}
+        except ValueError:
+            raise IntegrityError(f"{self.root / layout.OCI_INDEX_FILE} is not JSON",
+                                 hint="the layout is damaged: copy it again") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("manifests", []), list):
+            raise IntegrityError(f"{self.root / layout.OCI_INDEX_FILE} is not an OCI index", hint="copy it again")
+        return doc
+
+    def get_manifest(self, reference: str) -> FetchedManifest | None:
+        """The manifest a tag, a digest, or (with "" and a single entry) the index names."""
+        entries = [m for m in self._index().get("manifests", []) if isinstance(m, dict)]
+        if reference:
+            hits = [m for m in entries if m.get("digest") == reference
+                    or (m.get("annotations") or {}).get(media.REF_NAME) == reference]
+        else:
+            hits = entries if len(entries) == 1 else []
+            if len(entries) > 1:
+                tags = sorted(str((m.get("annotations") or {}).get(media.REF_NAME)) for m in entries)
+                raise NotFound(f"{self.location} holds {len(entries)} manifests; say which",
+                               hint=f"add :TAG to the layout reference ({', '.join(tags[:5])})")
+        if not hits:
+            return None
+        entry = hits[-1]
+        path = self._blob(str(entry.get("digest")))
+        if not path.is_file() or path.stat().st_size > MAX_MANIFEST:
+            raise IntegrityError(f"{self.location}: the manifest {entry.get('digest')} is missing or too large",
+                                 hint="copy the layout again")
+        data = path.read_bytes()
+        return FetchedManifest(data, str(entry.get("mediaType", media.OCI_MANIFEST)),
+                               "sha256:" + hashlib.sha256(data).hexdigest())
+
+    def put_manifest(self, data: bytes, media_type: str, tag: str) -> None:
+        """Write the manifest blob, then the index with the tag moved to it (one rename)."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        self._write(digest, iter([data]))
+        lock = self.root / f"{layout.OCI_INDEX_FILE}.lock"  # kept: unlinking it would race the next writer
+        with atomic.flock(lock):
+            index = self._index()
+            kept = [m for m in index.get("manifests", [])
+                    if (m.get("annotations") or {}).get(media.REF_NAME) != tag]
+            kept.append({"mediaType": media_type, "digest": digest, "size": len(data),
+                         "annotations": {media.REF_NAME: tag}})
+            index["manifests"] = kept
+            atomic.write_bytes(self.root / layout.OCI_INDEX_FILE, json.dumps(index, indent=2).encode())

@@ -1,0 +1,57 @@
+"""Media types and annotation keys: ModelPack's (CNCF), the older CNAI ones accepted on pull, OCI's and mreg's."""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+OCI_EMPTY = "application/vnd.oci.empty.v1+json"
+
+MODEL_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
+MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
+WEIGHT = "application/vnd.cncf.model.weight.v1.raw"
+WEIGHT_CONFIG = "application/vnd.cncf.model.weight.config.v1.raw"
+DOC = "application/vnd.cncf.model.doc.v1.raw"
+CODE = "application/vnd.cncf.model.code.v1.raw"
+#: mreg's own manifest, carried as a layer: its digest is the version's manifest digest.
+MREG_MANIFEST = "application/vnd.mreg.manifest.v1+json"
+
+#: What a pull accepts as a model artifact: ModelPack, the CNAI names it replaced, and ORAS's untyped artifacts.
+ARTIFACT_TYPES = frozenset({MODEL_ARTIFACT, "application/vnd.cnai.model.manifest.v1+json"})
+CONFIG_TYPES = frozenset({MODEL_CONFIG, "application/vnd.cnai.model.config.v1+json", OCI_EMPTY,
+                          "application/vnd.unknown.config.v1+json"})
+#: Layer types a pull writes as files (raw bytes; tar or compressed layers are images, not model files).
+RAW_PREFIXES = ("application/vnd.cncf.model.", "application/vnd.cnai.model.")
+
+TITLE = "org.opencontainers.image.title"
+REF_NAME = "org.opencontainers.image.ref.name"
+CREATED = "org.opencontainers.image.created"
+FILEPATH = "org.cncf.model.filepath"
+MREG_NAME = "dev.mreg.name"
+MREG_VERSION = "dev.mreg.version"
+MREG_FORMAT = "dev.mreg.format"
+
+_WEIGHTS = (".safetensors", ".gguf", ".onnx", ".onnx_data", ".data", ".plan", ".engine", ".bin", ".pt", ".pth")
+_DOCS = (".md", ".txt", ".rst", ".pdf")
+_CODE = (".py", ".sh", ".jinja", ".j2")
+
+
+def layer_type(path: str) -> str:
+    """The ModelPack media type of a file by its kind: weights, their configuration, documentation, code."""
+    p = PurePosixPath(path)
+    name, suffix = p.name.lower(), p.suffix.lower()
+    if suffix in _WEIGHTS:
+        return WEIGHT
+    if suffix in _DOCS or name.startswith(("readme", "license", "licence", "notice")):
+        return DOC
+    if suffix in _CODE:
+        return CODE
+    return WEIGHT_CONFIG
+
+
+def is_raw_file(media_type: str) -> bool:
+    """Whether a layer of this type is a file's bytes as they are (what a pull writes)."""
+    return (media_type.startswith(RAW_PREFIXES) and not media_type.endswith(("+json", ".tar", "+gzip", "+zstd"))) \
+        or media_type in ("application/octet-stream", "")

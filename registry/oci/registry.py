@@ -1,0 +1,258 @@
+"""An OCI distribution registry over HTTP (the distribution spec's pull and push endpoints).
+
+Client: httpx2, which mreg already depends on through huggingface_hub. It streams request and
+response bodies (no blob is ever held in memory), gives the exact control the protocol needs
+(HEAD before upload, monolithic or chunked POST → PATCH… → PUT ?digest= uploads, the digest of
+the manifest bytes as sent) and adds no dependency. `oras` (oras-py) was considered: it brings
+requests, builds manifests from a directory of files with its own annotations rather than from
+digests we already have, and would need wrapping at every step we care about (skipping present
+blobs, manifest last, typed errors), so the protocol here is small enough to own.
+
+Authentication: the first 401 names a challenge (`auth`); a bearer token is fetched for the
+repository's `pull,push` scope and kept for the session; basic credentials are sent as asked.
+Bodies are produced by callables so a request answered 401 is sent again from its first byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin
+
+import httpx2
+
+from registry.errors import CredentialsRefused, IntegrityError, NotFound, StoreUnreachable, UsageError
+from registry.oci import auth, media
+from registry.oci.reference import OciRef
+from registry.oci.target import MAX_MANIFEST, FetchedManifest
+
+#: Blobs up to this size go in one PUT; larger ones in PATCH chunks of `CHUNK` bytes.
+MONOLITHIC_MAX = 64 << 20
+CHUNK = 32 << 20
+READ = 1 << 20
+ACCEPT = ", ".join((media.OCI_MANIFEST, media.OCI_INDEX, media.DOCKER_MANIFEST))
+Body = Callable[[], Iterable[bytes]] | bytes | None
+
+
+def _file_body(path: Path, start: int = 0, length: int | None = None) -> Callable[[], Iterator[bytes]]:
+    def chunks() -> Iterator[bytes]:
+        left = length
+        with open(path, "rb") as f:
+            f.seek(start)
+            while left is None or left > 0:
+                block = f.read(READ if left is None else min(READ, left))
+                if not block:
+                    return
+                if left is not None:
+                    left -= len(block)
+                yield block
+    return chunks
+
+
+class RegistryTarget:
+    """One repository of a registry, as a push or pull `Target`."""
+
+    def __init__(self, ref: OciRef, *, insecure: bool = False, chunk: int = CHUNK,
+                 monolithic_max: int = MONOLITHIC_MAX) -> None:
+        if insecure and not ref.is_loopback:
+            raise UsageError(f"--insecure (plain HTTP) is only allowed for a registry on this machine, not {ref.host}",
+                             hint="use TLS; plain HTTP is for loopback test registries")
+        self.ref = ref
+        self.location = f"{ref.host}/{ref.repository}"
+        self.base = f"{'http' if insecure else 'https'}://{ref.host}/v2/{ref.repository}/"
+        self.chunk, self.monolithic_max = chunk, monolithic_max
+        self.http = httpx2.Client(timeout=httpx2.Timeout(60.0, connect=10.0), follow_redirects=True)
+        self._creds: auth.Credentials | None = None
+        self._creds_loaded = False
+        self._authorization: str | None = None
+
+    # -- requests, authentication and errors ------------------------------------------------------
+
+    def _credentials(self) -> auth.Credentials | None:
+        if not self._creds_loaded:
+            self._creds, self._creds_loaded = auth.lookup(self.ref.host), True
+        return self._creds
+
+    def _send(self, method: str, url: str, *, body: Body = None, headers: dict[str, str] | None = None,
+              stream: bool = False) -> httpx2.Response:
+        """One request, authenticated on the first 401 and sent once more; transport errors are one line."""
+        for attempt in (0, 1):
+            hdrs = dict(headers or {})
+            if self._authorization:
+                hdrs["Authorization"] = self._authorization
+            content = body() if callable(body) else body
+            try:
+                req = self.http.build_request(method, url, content=content, headers=hdrs)
+                resp = self.http.send(req, stream=stream)
+            except httpx2.HTTPError as e:
+                raise StoreUnreachable(f"{self.ref.host}: {type(e).__name__}: {e}",
+                                       hint="check the registry address, and --insecure for a plain-HTTP "
+                                            "registry on this machine") from None
+            if resp.status_code != 401 or attempt:
+                return self._checked_auth(resp)
+            resp.read()
+            resp.close()
+            self._authorization = self._answer(resp.headers.get("www-authenticate", ""))
+        raise AssertionError("unreachable")
+
+    def _checked_auth(self, resp: httpx2.Response) -> httpx2.Response:
+        if resp.status_code in (401, 403):
+            resp.read()
+            have = self._credentials() is not None
+            what = "refused the credentials" if have else "needs credentials and none were found"
+            raise CredentialsRefused(
+                f"{self.ref.host} {what} for {self.ref.repository} (HTTP {resp.status_code})",
+                hint=(f"check the entry for {self.ref.host} in {auth.auth_file()} (`skopeo login {self.ref.host}`)"
+                      if have else f"log in first (`skopeo login {self.ref.host}`) or set REGISTRY_AUTH_FILE"))
+        return resp
+
+    def _answer(self, header: str) -> str | None:
+        """The Authorization value that answers a challenge (None when there is nothing to answer with)."""
+        challenge = auth.parse_challenge(header)
+        creds = self._credentials()
+        if challenge is None:
+            return None
+        if challenge.scheme == "basic":
+            return auth.basic_header(creds) if creds else None
+        if challenge.scheme != "bearer" or "realm" not in challenge.params:
+            return None
+        scope = f"repository:{self.ref.repository}:pull,push"
+        params = {"scope": scope, **({"service": challenge.params["service"]} if "service" in challenge.params else {})}
+        hdrs = {"Authorization": auth.basic_header(creds)} if creds and creds.username != "<token>" else {}
+        try:
+            if creds and creds.username == "<token>":  # an identity token is exchanged by OAuth2
+                resp = self.http.post(challenge.params["realm"], data={
+                    "grant_type": "refresh_token", "refresh_token": creds.secret, "scope": scope,
+                    "service": challenge.params.get("service", "")})
+            else:
+                resp = self.http.get(challenge.params["realm"], params=params, headers=hdrs)
+        except httpx2.HTTPError as e:
+            raise StoreUnreachable(f"the token service of {self.ref.host}: {type(e).__name__}",
+                                   hint="check that the registry's auth realm is reachable") from None
+        if resp.status_code in (401, 403):
+            raise CredentialsRefused(f"the token service of {self.ref.host} refused the credentials "
+                                     f"(HTTP {resp.status_code})",
+                                     hint=f"check the entry for {self.ref.host} in {auth.auth_file()}")
+        try:
+            doc = resp.json()
+            token = doc.get("token") or doc.get("access_token")
+        except ValueError:
+            token = None
+        if resp.status_code != 200 or not token:
+            raise StoreUnreachable(f"the token service of {self.ref.host} answered HTTP {resp.status_code} "
+                                   "without a token", hint="check the registry's auth configuration")
+        return f"Bearer {token}"
+
+    def _fail(self, resp: httpx2.Response, what: str) -> StoreUnreachable | IntegrityError:
+        """The error an unexpected answer means: a digest the registry refused is an integrity failure."""
+        try:
+            errors = [e.get("code", "") for e in json.loads(resp.read() or b"{}").get("errors", [])]
+        except (ValueError, AttributeError, httpx2.HTTPError):
+            errors = []
+        detail = f"HTTP {resp.status_code}" + (f" {', '.join(errors)}" if errors else "")
+        if "DIGEST_INVALID" in errors:
+            return IntegrityError(f"{self.location} refused {what}: {detail} (its bytes do not match its digest)",
+                                  hint="run `mreg verify --all`: the local blob may be damaged")
+        return StoreUnreachable(f"{self.location}: {what} failed: {detail}", hint="see the registry's logs")
+
+    # -- the Target protocol -----------------------------------------------------------------------
+
+    def blob_size(self, digest: str) -> int | None:
+        """The size the registry gives for a blob it has, or None."""
+        resp = self._send("HEAD", f"{self.base}blobs/{digest}")
+        if resp.status_code == 404:
+            return None
+        if resp.status_code != 200:
+            raise self._fail(resp, f"HEAD blob {digest[:19]}…")
+        return int(resp.headers.get("content-length", "-1"))
+
+    def upload_blob(self, digest: str, size: int, path: Path, advance: Callable[[int], None]) -> None:
+        """POST a session, then one PUT (small) or PATCH chunks and a closing PUT (large), each streamed."""
+        resp = self._send("POST", f"{self.base}blobs/uploads/", headers={"Content-Length": "0"})
+        if resp.status_code != 202:
+            raise self._fail(resp, "starting an upload")
+        url = self._location(resp)
+        if size <= self.monolithic_max:
+            resp = self._send("PUT", self._with_digest(url, digest), body=_file_body(path),
+                              headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+            if resp.status_code != 201:
+                raise self._fail(resp, f"blob {digest[:19]}…")
+            advance(size)
+            return
+        for start in range(0, size, self.chunk):
+            n = min(self.chunk, size - start)
+            resp = self._send("PATCH", url, body=_file_body(path, start, n), headers={
+                "Content-Type": "application/octet-stream", "Content-Length": str(n),
+                "Content-Range": f"{start}-{start + n - 1}"})
+            if resp.status_code != 202:
+                raise self._fail(resp, f"a chunk of blob {digest[:19]}…")
+            url = self._location(resp)
+            advance(n)
+        resp = self._send("PUT", self._with_digest(url, digest), headers={"Content-Length": "0"})
+        if resp.status_code != 201:
+            raise self._fail(resp, f"blob {digest[:19]}…")
+
+    def _location(self, resp: httpx2.Response) -> str:
+        loc = resp.headers.get("location")
+        if not loc:
+            raise StoreUnreachable(f"{self.location}: an upload answer has no Location", hint="see the registry's logs")
+        return urljoin(str(resp.url), loc)
+
+    @staticmethod
+    def _with_digest(url: str, digest: str) -> str:
+        return f"{url}{'&' if '?' in url else '?'}digest={digest}"
+
+    def open_blob(self, digest: str) -> Iterator[bytes]:
+        """Stream a blob (following the registry's redirect to its storage)."""
+        resp = self._send("GET", f"{self.base}blobs/{digest}", stream=True)
+        try:
+            if resp.status_code == 404:
+                raise NotFound(f"{self.location} has no blob {digest[:19]}… although a manifest names it",
+                               hint="push the version again from a store that has it")
+            if resp.status_code != 200:
+                raise self._fail(resp, f"GET blob {digest[:19]}…")
+            try:
+                yield from resp.iter_bytes(READ)
+            except httpx2.HTTPError as e:
+                raise StoreUnreachable(f"{self.location}: blob {digest[:19]}… cut short ({type(e).__name__})",
+                                       hint="pull again; nothing was kept") from None
+        finally:
+            resp.close()
+
+    def get_manifest(self, reference: str) -> FetchedManifest | None:
+        """The manifest a tag or digest names (at most MAX_MANIFEST bytes), or None."""
+        resp = self._send("GET", f"{self.base}manifests/{reference}", headers={"Accept": ACCEPT}, stream=True)
+        try:
+            if resp.status_code == 404:
+                return None
+            if resp.status_code != 200:
+                raise self._fail(resp, f"GET manifest {reference}")
+            data = b""
+            for block in resp.iter_bytes(READ):
+                data += block
+                if len(data) > MAX_MANIFEST:
+                    raise IntegrityError(f"{self.location}:{reference}: the manifest is over {MAX_MANIFEST} bytes",
+                                         hint="this is not a manifest mreg wrote or can read")
+        finally:
+            resp.close()
+        kind = resp.headers.get("content-type", "").split(";")[0].strip()
+        return FetchedManifest(data, kind, "sha256:" + hashlib.sha256(data).hexdigest())
+
+    def put_manifest(self, data: bytes, media_type: str, tag: str) -> None:
+        """PUT the manifest under its tag; the registry checks every blob it names is there."""
+        resp = self._send("PUT", f"{self.base}manifests/{tag}", body=data, headers={"Content-Type": media_type})
+        if resp.status_code != 201:
+            raise self._fail(resp, f"manifest {tag}")
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.http.close()
+
+    def __enter__(self) -> RegistryTarget:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,328 @@
+"""Push a version to an OCI target, pull an artifact into the cache, sync one into a local store.
+
+Push: pack (pure) → the tag's current manifest (a different digest refused unless forced) →
+HEAD every blob, upload only the missing ones (streamed; chunked when large) → PUT the manifest
+last. A killed push leaves only blobs no manifest names; the next push sends what is missing.
+
+Pull and sync: the manifest (its digest checked against the reference when it is one) → every
+layer streamed, hashed while written, compared with its descriptor → only then the snapshot (cache)
+or the version (store) appears, and the local alias flips last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from manifests import HistoryEntry, Manifest
+from registry import layout
+from registry.cache.imported import IncomingFile, import_files
+from registry.cache.plan import unsafe_reason
+from registry.cache.records import Snapshot
+from registry.digest import write_hashed
+from registry.errors import Conflict, IntegrityError, NotFound, UsageError
+from registry.oci import media
+from registry.oci.layout import LayoutTarget
+from registry.oci.pack import pack
+from registry.oci.reference import DIGEST, LayoutRef, OciRef
+from registry.oci.registry import RegistryTarget
+from registry.oci.target import FetchedManifest, Target
+from registry.progress import NoProgress, Progress
+from registry.store.local import LocalStore
+from registry.store.protocol import Version
+
+#: The mreg manifest layer is small; a larger one is not ours.
+MAX_MREG_MANIFEST = 16 << 20
+
+
+def open_target(ref: OciRef | LayoutRef, *, insecure: bool = False, create: bool = False,
+                chunk: int | None = None) -> Target:
+    """The target a reference names (a layout is created for a push)."""
+    if isinstance(ref, LayoutRef):
+        return LayoutTarget(ref, create=create)
+    return RegistryTarget(ref, insecure=insecure, **({"chunk": chunk, "monolithic_max": chunk} if chunk else {}))
+
+
+@dataclass(frozen=True)
+class OciPushOutcome:
+    """What a push did."""
+
+    digest: str
+    tag: str
+    reused: bool
+    uploaded_blobs: int
+    uploaded_bytes: int
+    present_blobs: int
+    replaced: str | None = None
+
+
+def push(store: LocalStore, version: Version, target: Target, tag: str, *, force: bool = False,
+         progress: Progress | None = None) -> OciPushOutcome:
+    """Publish a version under `tag`: missing blobs first, the manifest last."""
+    progress = progress or NoProgress()
+    raw = (Path(version.path) / layout.MANIFEST).read_bytes()
+    packed = pack(version.manifest, raw)
+    current = target.get_manifest(tag)
+    if current is not None and current.digest == packed.digest:
+        return OciPushOutcome(packed.digest, tag, True, 0, 0, len(packed.blobs))
+    if current is not None and not force:
+        raise Conflict(f"{target.location}:{tag} already names {current.digest[:19]}…, not this version "
+                       f"({packed.digest[:19]}…)",
+                       hint="push under another tag, or pass --force to move the tag (readers of the old "
+                            "digest keep it; the tag is not compare-and-swap)")
+    missing = [b for b in packed.blobs if target.blob_size(b.digest) != b.size]
+    progress.start(f"pushing {version.name}@{version.number}", sum(b.size for b in missing))
+    for b in missing:
+        if b.data is not None:
+            tmp = _spill(store, b.data)
+            try:
+                target.upload_blob(b.digest, b.size, tmp, progress.advance)
+            finally:
+                tmp.unlink(missing_ok=True)
+        else:
+            target.upload_blob(b.digest, b.size, layout.blob_path(store.root, b.digest.split(":", 1)[1]),
+                               progress.advance)
+    progress.done()
+    target.put_manifest(packed.manifest, media.OCI_MANIFEST, tag)
+    return OciPushOutcome(packed.digest, tag, False, len(missing), sum(b.size for b in missing),
+                          len(packed.blobs) - len(missing), current.digest if current else None)
+
+
+def _spill(store: LocalStore, data: bytes) -> Path:
+    """Small blobs made here (config, mreg manifest) go through a file, like every other blob."""
+    tmp = layout.tmp_dir(store.root)
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / f"oci-{os.getpid()}-{threading.get_ident()}-{hashlib.sha256(data).hexdigest()[:16]}"
+    path.write_bytes(data)
+    return path
+
+
+# -- reading an artifact --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A file layer of an artifact: its path (title), digest, size and media type."""
+
+    path: str
+    digest: str
+    size: int
+    media_type: str
+    format: str | None
+
+
+@dataclass(frozen=True)
+class ReadArtifact:
+    """A manifest read and checked, its file layers, and mreg's manifest when the artifact carries one."""
+
+    manifest: FetchedManifest
+    layers: tuple[Layer, ...]
+    mreg: tuple[Manifest, bytes] | None
+
+
+def _hostile(where: str, why: str) -> IntegrityError:
+    return IntegrityError(f"{where}: {why}", hint="this artifact is damaged or was not written for a model; "
+                                                  "nothing was written")
+
+
+def read_artifact(target: Target, reference: str | None) -> ReadArtifact:
+    """The manifest a reference names, every descriptor checked before anything is fetched."""
+    got = target.get_manifest(reference or "")
+    where = f"{target.location}{'@' if reference and reference.startswith('sha256:') else ':'}{reference or ''}"
+    if got is None:
+        raise NotFound(f"{where} does not exist", hint="check the repository and tag (`skopeo list-tags`)")
+    if reference and reference.startswith("sha256:") and got.digest != reference:
+        raise _hostile(where, f"the manifest served hashes to {got.digest[:19]}…")
+    try:
+        doc = json.loads(got.data)
+    except ValueError:
+        raise _hostile(where, "the manifest is not JSON") from None
+    if not isinstance(doc, dict) or doc.get("schemaVersion") != 2 or not isinstance(doc.get("layers"), list):
+        raise _hostile(where, "not an OCI image manifest")
+    if doc.get("mediaType", got.media_type) == media.OCI_INDEX or "manifests" in doc:
+        raise UsageError(f"{where} is an image index, not one artifact", hint="give the digest of one manifest")
+    config = doc.get("config") or {}
+    kind = doc.get("artifactType") or config.get("mediaType", "")
+    raw_layers = [d for d in doc["layers"] if isinstance(d, dict)]
+    if len(raw_layers) != len(doc["layers"]):
+        raise _hostile(where, "a layer descriptor is not an object")
+    if kind not in media.ARTIFACT_TYPES and kind not in media.CONFIG_TYPES and not all(
+            media.TITLE in (d.get("annotations") or {}) for d in raw_layers):
+        raise UsageError(f"{where} is not a model artifact (type {kind!r})",
+                         hint="pull ModelPack (application/vnd.cncf.model.*) or ORAS artifacts with titled layers")
+    layers: list[Layer] = []
+    mreg: tuple[Manifest, bytes] | None = None
+    for d in raw_layers:
+        digest, size, mt = d.get("digest"), d.get("size"), str(d.get("mediaType", ""))
+        if not isinstance(digest, str) or not DIGEST.match(digest) or not isinstance(size, int) or size < 0:
+            raise _hostile(where, f"a layer has a bad digest or size ({str(digest)[:80]!r})")
+        notes = d.get("annotations") or {}
+        if mt == media.MREG_MANIFEST:
+            mreg = _mreg_manifest(target, where, digest, size)
+            continue
+        title = notes.get(media.TITLE)
+        if not isinstance(title, str):
+            continue  # an untitled layer is not a file
+        if (why := unsafe_reason(title)) is not None:
+            raise _hostile(where, f"layer title {title[:80]!r}: {why}")
+        if not media.is_raw_file(mt):
+            raise UsageError(f"{where}: layer {title} is {mt}, not a raw file",
+                             hint="images (--as-image, tar layers) are for container runtimes; pull the artifact")
+        layers.append(Layer(title, digest, size, mt, notes.get(media.MREG_FORMAT)))
+    paths = [layer.path for layer in layers]
+    if len(set(paths)) != len(paths):
+        raise _hostile(where, "two layers have the same title")
+    return ReadArtifact(got, tuple(layers), mreg)
+
+
+def _mreg_manifest(target: Target, where: str, digest: str, size: int) -> tuple[Manifest, bytes]:
+    if size > MAX_MREG_MANIFEST:
+        raise _hostile(where, f"the mreg manifest layer is {size} bytes")
+    data = b"".join(target.open_blob(digest))
+    if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+        raise _hostile(where, f"the mreg manifest layer does not match its digest {digest[:19]}…")
+    try:
+        return Manifest.model_validate_json(data), data
+    except ValueError as e:
+        raise _hostile(where, f"the mreg manifest layer is not a valid manifest ({type(e).__name__})") from None
+
+
+def _chunks(target: Target, digest: str) -> Callable[[], Iterator[bytes]]:
+    return lambda: target.open_blob(digest)
+
+
+# -- pull into the cache ----------------------------------------------------------------------------
+
+
+def cache_repo(ref: OciRef | LayoutRef) -> str:
+    """The cache's repository id for an OCI source (`oci/HOST/REPO`, or `oci-layout/DIR-NAME-HASH`)."""
+    if isinstance(ref, LayoutRef):
+        path = str(ref.path.expanduser().resolve())
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", ref.path.name).strip("-.") or "layout"
+        return f"oci-layout/{slug}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
+    return "oci/" + re.sub(r"[^A-Za-z0-9._-]+", "-", f"{ref.host}/{ref.repository}").strip("-.")
+
+
+def snapshot_layers(art: ReadArtifact) -> list[tuple[str, Layer]]:
+    """The files a source snapshot holds (pure): an mreg version's hf artifact at the root (what a conversion
+    reads), else every file layer at its title."""
+    if art.mreg is not None:
+        hf = next((a for a in art.mreg[0].artifacts if a.format == "hf"), None)
+        if hf is not None:
+            prefix = f"{hf.path}/"
+            return [(layer.path[len(prefix):], layer) for layer in art.layers if layer.path.startswith(prefix)]
+    return [(layer.path, layer) for layer in art.layers]
+
+
+def pull(cache: Path, ref: OciRef | LayoutRef, target: Target, *, include: Sequence[str] = (),
+         exclude: Sequence[str] = (), allow_pickle: bool = False, progress: Progress | None = None) -> Snapshot:
+    """An artifact into the cache as a pinned snapshot (commit = the manifest digest's hex), every layer verified."""
+    art = read_artifact(target, ref.digest or ref.tag)
+    files = [IncomingFile(path, layer.size, layer.digest.split(":", 1)[1], _chunks(target, layer.digest))
+             for path, layer in snapshot_layers(art)]
+    if not files:
+        raise NotFound(f"{ref} has no file layers", hint="push a version or model files there first")
+    return import_files(cache, cache_repo(ref), art.manifest.digest.split(":", 1)[1], str(ref), files, kind="oci",
+                        ref=None if ref.digest else ref.tag, include=include, exclude=exclude,
+                        allow_pickle=allow_pickle, progress=progress)
+
+
+# -- sync into a local store ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OciSyncOutcome:
+    """What a sync did."""
+
+    name: str
+    version: int
+    digest: str
+    changed: bool
+    downloaded_blobs: int
+    downloaded_bytes: int
+    entry: HistoryEntry | None = None
+
+
+def sync(target: Target, reference: str | None, local: LocalStore, *, alias: str, name: str | None = None,
+         progress: Progress | None = None) -> OciSyncOutcome:
+    """Materialize the mreg version an artifact carries in the local store (same number), then flip `alias`."""
+    from registry.store.transfer import local_flip
+
+    progress = progress or NoProgress()
+    art = read_artifact(target, reference)
+    if art.mreg is None:
+        raise UsageError(f"{target.location}:{reference} carries no mreg manifest, so it is not a version to sync",
+                         hint="pull it into the cache and convert it: `mreg convert oci://… --to hf --name NAME`")
+    manifest, raw = art.mreg
+    if name is not None and name != manifest.name:
+        raise Conflict(f"{target.location}:{reference} holds {manifest.name}@{manifest.version}, not {name}",
+                       hint=f"sync it as {manifest.name}, or give the tag of {name}")
+    by_digest = {layer.digest.split(":", 1)[1]: layer for layer in art.layers}
+    for a in manifest.artifacts:
+        for f in a.files:
+            layer = by_digest.get(f.sha256)
+            if layer is None or layer.size != f.size:
+                raise _hostile(f"{target.location}:{reference}", f"{a.path}/{f.path} is not among the layers")
+    have = _local_digest(local, manifest.name, manifest.version)
+    wanted = hashlib.sha256(raw).hexdigest()
+    downloaded = (0, 0)
+    if have is None:
+        downloaded = _materialize(target, local, manifest, raw, progress)
+    elif have != wanted:
+        raise Conflict(f"the local store already has a different {manifest.name}@{manifest.version}",
+                       hint="sync into a store used only for syncing from this registry")
+    _, entry = local_flip(local, manifest.name, alias, manifest.version)
+    return OciSyncOutcome(manifest.name, manifest.version, art.manifest.digest, entry is not None, *downloaded,
+                          entry=entry)
+
+
+def _local_digest(local: LocalStore, name: str, number: int) -> str | None:
+    try:
+        return local.version(name, number).manifest_sha256
+    except NotFound:
+        return None
+
+
+def _materialize(target: Target, local: LocalStore, manifest: Manifest, raw: bytes,
+                 progress: Progress) -> tuple[int, int]:
+    """Download what the store lacks into a staging tree, verified, then publish under the same number."""
+    with local.writers():
+        staging = local.stage(manifest.name)
+        try:
+            wanted: dict[str, list[Path]] = {}
+            sizes: dict[str, int] = {}
+            for a in manifest.artifacts:
+                for f in a.files:
+                    wanted.setdefault(f.sha256, []).append(staging.path / a.path / f.path)
+                    sizes[f.sha256] = f.size
+            missing = [d for d in wanted if not layout.blob_path(local.root, d).exists()]
+            progress.start(f"syncing {manifest.name}@{manifest.version}", sum(sizes[d] for d in missing))
+            for d in missing:
+                first = wanted[d][0]
+                first.parent.mkdir(parents=True, exist_ok=True)
+                actual = write_hashed(first, target.open_blob(f"sha256:{d}"), progress.advance)
+                if actual != d:
+                    raise IntegrityError(f"{target.location}: layer sha256:{d[:12]}… is corrupt (its bytes hash to "
+                                         f"{actual[:12]}…); nothing was published locally",
+                                         hint="push the version again from a good store")
+            progress.done()
+            for d, paths in wanted.items():
+                blob = layout.blob_path(local.root, d)
+                for p in paths:
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                    if p.exists():
+                        local.link_blob(p, d, verify=False)
+                    else:
+                        os.link(blob, p)
+            local.publish_exact(staging, raw, manifest.version)
+        except BaseException:
+            staging.discard()
+            raise
+    return len(missing), sum(sizes[d] for d in missing)
+
