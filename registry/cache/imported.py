@@ -8,7 +8,6 @@ becomes visible.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Literal
 from manifests import PullRecord, SourceFile, SourceInfo
 from registry import atomic, layout, provenance
 from registry.cache.plan import RemoteFile, check_space, plan_pull
-from registry.cache.records import Snapshot, load_record, write_record, write_ref
+from registry.cache.records import Snapshot, load_record, publish_snapshot, write_record, write_ref
 from registry.digest import write_hashed
 from registry.errors import IntegrityError
 from registry.progress import NoProgress, Progress
@@ -62,19 +61,7 @@ def import_files(cache: Path, repo: str, commit: str, requested: str, files: Seq
             _fetch(cache, blobs, f, progress)
         done.append(SourceFile(path=f.path, size=f.size, sha256=f.sha256, lfs=True))
     progress.done()
-    snap = layout.cache_snapshot_dir(cache, repo, commit)
-    if not snap.is_dir():
-        stage = atomic.temp_name(snap, "snap")
-        for sf in done:
-            link = stage / sf.path
-            link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(os.path.relpath(blobs / sf.sha256, link.parent), link)
-        try:
-            os.rename(stage, snap)
-        except OSError:
-            shutil.rmtree(stage, ignore_errors=True)
-            if not snap.is_dir():
-                raise
+    snap = publish_snapshot(cache, repo, commit, done)
     record = PullRecord(source=SourceInfo(kind=kind, repo=repo, requested_revision=requested, commit=commit,
                                           files=tuple(done)),
                         skipped=plan.skipped_pickle + plan.skipped_filter, pulled=provenance.now())

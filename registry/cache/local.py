@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +12,7 @@ from pathlib import Path
 from manifests import PullRecord, SourceFile, SourceInfo
 from registry import atomic, layout, provenance
 from registry.cache.plan import RemoteFile, check_space, plan_pull
-from registry.cache.records import Snapshot, cached_ref, load_record, write_record, write_ref
+from registry.cache.records import Snapshot, cached_ref, load_record, publish_snapshot, write_record, write_ref
 from registry.digest import file_chunks, write_hashed
 from registry.errors import NotFound, UnsafeInput
 from registry.progress import NoProgress, Progress
@@ -61,19 +60,7 @@ def pull_local(cache: Path, directory: Path, *, include: Sequence[str] = (), exc
     progress.done()
     listing = "\n".join(f"{f.sha256} {f.path}" for f in hashed).encode()
     commit = hashlib.sha1(listing, usedforsecurity=False).hexdigest()
-    snap = layout.cache_snapshot_dir(cache, repo, commit)
-    if not snap.is_dir():
-        stage = atomic.temp_name(snap, "snap")
-        for sf in hashed:
-            link = stage / sf.path
-            link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(os.path.relpath(blobs / sf.sha256, link.parent), link)
-        try:
-            os.rename(stage, snap)
-        except OSError:
-            shutil.rmtree(stage, ignore_errors=True)
-            if not snap.is_dir():
-                raise
+    snap = publish_snapshot(cache, repo, commit, hashed)
     record = PullRecord(
         source=SourceInfo(kind="local", repo=repo, requested_revision=str(directory), commit=commit,
                           files=tuple(hashed)),

@@ -11,10 +11,13 @@ Layout (huggingface_hub's, plus mreg's records; names in `registry.layout`)::
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from manifests import PullRecord
+from manifests import PullRecord, SourceFile
 from registry import atomic, layout
 from registry.cache.plan import is_commit, unsafe_reason
 
@@ -71,3 +74,24 @@ def write_ref(cache: Path, repo: str, revision: str, commit: str) -> None:
     ref = layout.cache_ref_path(cache, repo, revision)
     ref.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_bytes(ref, commit.encode())
+
+
+def publish_snapshot(cache: Path, repo: str, commit: str, files: Sequence[SourceFile]) -> Path:
+    """The snapshot directory of `commit`: one relative link per file to its blob, made whole in a temporary
+    directory and renamed into place (a reader sees all of it or none; a concurrent maker's copy wins)."""
+    snap = layout.cache_snapshot_dir(cache, repo, commit)
+    if snap.is_dir():
+        return snap
+    blobs = layout.cache_blobs_dir(cache, repo)
+    stage = atomic.temp_name(snap, "snap")
+    for sf in files:
+        link = stage / sf.path
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath(blobs / sf.sha256, link.parent), link)
+    try:
+        os.rename(stage, snap)
+    except OSError:
+        shutil.rmtree(stage, ignore_errors=True)
+        if not snap.is_dir():
+            raise
+    return snap

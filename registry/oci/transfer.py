@@ -312,14 +312,7 @@ def _materialize(target: Target, local: LocalStore, manifest: Manifest, raw: byt
                                          f"{actual[:12]}…); nothing was published locally",
                                          hint="push the version again from a good store")
             progress.done()
-            for d, paths in wanted.items():
-                blob = layout.blob_path(local.root, d)
-                for p in paths:
-                    p.parent.mkdir(parents=True, exist_ok=True)
-                    if p.exists():
-                        local.link_blob(p, d, verify=False)
-                    else:
-                        os.link(blob, p)
+            local.place_blobs(wanted)
             local.publish_exact(staging, raw, manifest.version)
         except BaseException:
             staging.discard()

@@ -263,6 +263,18 @@ class LocalStore:
         """Start a staging tree for a new version of `name`."""
         return Staging(self, name)
 
+    def place_blobs(self, wanted: dict[str, list[Path]]) -> None:
+        """Put each blob at each of its paths in a staging tree: the first path holds the fetched bytes (made the
+        blob here), the others become links to it."""
+        for digest, paths in wanted.items():
+            blob = layout.blob_path(self.root, digest)
+            for p in paths:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                if p.exists():
+                    self.link_blob(p, digest, verify=False)
+                else:
+                    os.link(blob, p)
+
     def link_blob(self, src: Path, sha256: str, *, verify: bool) -> Path:
         """Make `src` (on this filesystem) the blob `sha256`, or replace it by a link to the existing blob."""
         dest = layout.blob_path(self.root, sha256)

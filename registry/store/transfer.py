@@ -13,7 +13,6 @@ local symlink flipped. A corrupt remote blob fails the sync before anything beco
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -199,14 +198,7 @@ def _materialize(remote: S3Store, local: LocalStore, manifest: Manifest, raw: by
 
             parallel(workers, fetch, missing)
             progress.done()
-            for d, paths in wanted.items():
-                blob = layout.blob_path(local.root, d)
-                for p in paths:
-                    p.parent.mkdir(parents=True, exist_ok=True)
-                    if p.exists():
-                        local.link_blob(p, d, verify=False)
-                    else:
-                        os.link(blob, p)
+            local.place_blobs(wanted)
             local.publish_exact(staging, raw, manifest.version)
         except BaseException:
             staging.discard()
