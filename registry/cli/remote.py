@@ -48,7 +48,8 @@ def push_cmd(ref: str, remote: str, verify_remote: bool, config_path: str | None
     doc = {"name": v.name, "local_version": v.number, "remote": remote, "remote_version": out.version.number,
            "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
            "present_blobs": out.present_blobs, "verified_remote": out.verified_remote,
-           "repaired_blobs": out.repaired_blobs, "manifest_sha256": out.version.manifest_sha256}
+           "repaired_blobs": out.repaired_blobs, "manifest_sha256": out.version.manifest_sha256,
+           "signatures": out.signatures, "signatures_left": out.signatures_left}
     repaired = f"; {out.repaired_blobs} damaged remote blob(s) repaired" if out.repaired_blobs else (
         "; every remote blob verified" if out.verified_remote else "")
     Output(as_json).result(doc, (
@@ -57,7 +58,9 @@ def push_cmd(ref: str, remote: str, verify_remote: bool, config_path: str | None
            f" (already there; {out.uploaded_blobs} damaged blob(s) sent again" if out.reused else
            f" ({out.uploaded_blobs} blob(s), {human_size(out.uploaded_bytes)} uploaded; "
            f"{out.present_blobs} already there")
-        + repaired + ")"))
+        + repaired + (f"; {out.signatures} signature(s) sent" if out.signatures else "")
+        + (f"; {out.signatures_left} signature(s) left behind: the remote number differs, so the signed manifest "
+           "does not match" if out.signatures_left else "") + ")"))
 
 
 @click.command("sync")
@@ -75,13 +78,17 @@ def sync_cmd(remote: str, name: str, alias: str, watch: float | None, config_pat
     Every blob is verified while downloaded; the local version is published complete, then the
     local symlink is flipped, so an engine's mount path moves from one complete tree to another.
     With --watch it keeps following the alias until SIGTERM or Ctrl-C (one JSON line per change).
+    With a trust policy in the config file (`[trust]`, `[models.NAME.trust]`), a version none of
+    whose signatures verifies against it is refused (exit 6) before anything is downloaded.
     """
     import signal
     import threading
 
     check_name(name)
     check_alias(alias)
-    local = local_store(settings_for(config_path, store=store))
+    settings = settings_for(config_path, store=store)
+    local = local_store(settings)
+    trust = api.trust_policy(settings, name)
     rs = s3_store(remote)
     out = Output(as_json)
 
@@ -93,11 +100,11 @@ def sync_cmd(remote: str, name: str, alias: str, watch: float | None, config_pat
             f" ({o.downloaded_blobs} blob(s), {human_size(o.downloaded_bytes)} downloaded)" if o.changed else
             " (already current)"))
 
-    report(api.sync(rs, name, local, alias=alias, progress=progress_for(as_json)))
+    report(api.sync(rs, name, local, alias=alias, progress=progress_for(as_json), trust=trust))
     if watch is None:
         return
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     api.watch(rs, name, local, alias=alias, every=watch, on_change=report, stop=stop,
-              on_error=lambda e: out.warn(f"{e} ({getattr(e, 'hint', '')})"))
+              on_error=lambda e: out.warn(f"{e} ({getattr(e, 'hint', '')})"), trust=trust)
