@@ -198,3 +198,30 @@ def test_sign_refuses_a_damaged_version_and_bad_input(mreg: Any, version: str, p
     assert r.exit_code == 2 and r.json["error"]["type"] == "UsageError"
     assert mreg("sign", version, "--json").exit_code == 2
     assert mreg("sign", "m@9", "--key", pki["release"].private, "--json").exit_code == 3
+
+
+def test_a_signature_replayed_onto_another_version_is_invalid(mreg: Any, model_dir: Path, pki: dict[str, Any],
+                                                              isolated: Path, store_root: Path) -> None:
+    """A record copied beside another version (its name and number edited) signs the other manifest: invalid."""
+    for i in range(2):
+        (model_dir / "config.json").write_text(json.dumps({"i": i}))
+        ok(mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json"))
+    ok(mreg("sign", "m@1", "--key", pki["release"].private, "--json"))
+    trust_keys(isolated, pki["release"])
+    [rec] = (store_root / "models/m/signatures/1").glob("*.json")
+    doc = json.loads(rec.read_text())
+    doc["version"] = 2
+    doc["manifest_sha256"] = ok(mreg("show", "m@2", "--json"))["manifest_sha256"]
+    (store_root / "models/m/signatures/2").mkdir(parents=True)
+    (store_root / "models/m/signatures/2" / rec.name).write_text(json.dumps(doc))
+    sig = mreg("verify", "m@2", "--signatures", "--json").json["versions"][0]["signatures"][0]
+    assert sig["status"] == "invalid" and "manifest.json" in sig["reason"]
+    r = mreg("promote", "m@2", "--require", "signature", "--json")
+    assert r.exit_code == 6 and not (store_root / "models/m/production").exists()
+    # A record whose key id is not its bundle's is invalid too, whatever the policy trusts.
+    doc = json.loads(rec.read_text())
+    doc["key_id"] = "0" * 64
+    os.chmod(rec, 0o644)
+    rec.write_text(json.dumps(doc))
+    sig = mreg("verify", "m@1", "--signatures", "--json").json["versions"][0]["signatures"][0]
+    assert sig["status"] == "invalid" and "key id" in sig["reason"]
