@@ -321,6 +321,9 @@ def sign(store: LocalStore, ref: str, *, key: str | Path | None = None, certific
         raise UsageError("nothing to sign with", hint="pass --key KEY.pem (and --certificate CERT.pem), or --import")
     if chain and certificate is None:
         raise UsageError("--chain needs --certificate", hint="pass the signing certificate with --certificate")
+    if password is not None and certificate is not None:
+        raise UsageError("model-signing 1.1 reads a certificate's key without a password",
+                         hint="sign with an unencrypted key file (e.g. on a tmpfs), or with --key alone")
     return signatures.sign(store, v, key=Path(key), certificate=Path(certificate) if certificate else None,
                            chain=[Path(c) for c in chain], password=password, signer=signer)
 

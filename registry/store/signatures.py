@@ -112,7 +112,8 @@ def sign(store: LocalStore, version: Version, *, key: Path, certificate: Path | 
         if certificate is not None:
             s = sign_certificate.Signer(key, certificate, list(chain))
         else:
-            s = sign_ec_key.Signer(key, password)
+            # model-signing 1.1 types the password as str but hands it to cryptography, which takes bytes.
+            s = sign_ec_key.Signer(key, password.encode() if password is not None else None)
         bundle = json.loads(s.sign(signing.Payload(ms_manifest)).bundle.to_json())
     except (OSError, ValueError, TypeError) as e:
         raise UsageError(f"cannot sign with {key}: {e}",

@@ -74,3 +74,17 @@ def test_signatures_round_trip_and_sync_refuses_a_failing_version(mreg: Any, mod
     # Without a policy the node follows (the policy is the node's choice).
     cfg.write_text("")
     assert ok(mreg("sync", remote, "m", "--store", node, "--json"))["version"] == 2
+
+
+def test_a_signature_stays_behind_when_the_remote_number_differs(mreg: Any, model_dir: Path, remote: str,
+                                                                 tmp_path: Path) -> None:
+    """The number is in the signed manifest: pushed as another number, the version is not what was signed."""
+    release, _ = write_key(tmp_path / "pki", "release")
+    for i in range(2):
+        (model_dir / "config.json").write_text(json.dumps({"i": i}))
+        ok(mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json"))
+    ok(mreg("sign", "m@2", "--key", release.private, "--json"))
+    doc = ok(mreg("push", "m@2", remote, "--json"))
+    assert doc["remote_version"] == 1 and doc["signatures"] == 0 and doc["signatures_left"] == 1
+    assert ok(mreg("show", "m@1", "--store", remote, "--json"))["signatures"] == []
+    assert "left behind" in mreg("push", "m@2", remote).stdout

@@ -225,3 +225,18 @@ def test_a_signature_replayed_onto_another_version_is_invalid(mreg: Any, model_d
     rec.write_text(json.dumps(doc))
     sig = mreg("verify", "m@1", "--signatures", "--json").json["versions"][0]["signatures"][0]
     assert sig["status"] == "invalid" and "key id" in sig["reason"]
+
+
+def test_an_encrypted_key_takes_its_password_from_the_environment(mreg: Any, version: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = tmp_path / "locked.key"
+    key.write_bytes(ec.generate_private_key(ec.SECP384R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"s3cret")))
+    r = mreg("sign", version, "--key", key, "--json")
+    assert r.exit_code == 2 and "cannot sign" in r.json["error"]["message"]
+    monkeypatch.setenv("KEY_PASSWORD", "s3cret")
+    assert ok(mreg("sign", version, "--key", key, "--password-env", "KEY_PASSWORD", "--json"))["method"] == "key"
