@@ -12,10 +12,13 @@ import click
 from registry import api
 from registry.cli.options import config_option, json_option, local_store, settings_for, store_option
 from registry.cli.render import Output
+from registry.errors import UsageError
 
 if TYPE_CHECKING:
     from manifests import SignatureRecord
+    from registry.store.protocol import Store, Version
     from registry.store.signatures import SignatureResult
+    from registry.store.trust import TrustPolicy
 
 _MARK = {"valid": "✓", "invalid": "✗", "untrusted": "?"}
 
@@ -37,6 +40,20 @@ def result_line(res: SignatureResult) -> str:
     r = res.record
     return (f"{_MARK[res.status]} {r.signer} ({r.method} {r.key_id[:12]}…, {r.at.isoformat()[:19]}): "
             f"{res.status}, {res.reason}")
+
+
+def shown_signatures(store: Store, version: Version, trust: TrustPolicy) -> tuple[list[dict[str, Any]], list[str]]:
+    """What `show` lists: each signature judged against the manifest (the bytes are `verify`'s job); where
+    model-signing is not installed (a serving node with the core only), the records, unchecked."""
+    try:
+        judged = api.verify_signatures(store, version, trust, rehash=False)
+    except UsageError as e:
+        records = store.signatures(version.name, version.number)
+        why = f"{e}; {e.hint}" if e.hint else str(e)
+        return ([{**record_doc(r), "status": "unchecked", "reason": why, "trusted_by": None} for r in records],
+                [f"- {r.signer} ({r.method} {r.key_id[:12]}…, {r.at.isoformat()[:19]}): unchecked, {why}"
+                 for r in records])
+    return [result_doc(r) for r in judged], [result_line(r) for r in judged]
 
 
 @click.command("sign")

@@ -10,7 +10,7 @@ from registry import api
 from registry.cli.group import ReportedFailure
 from registry.cli.options import any_store, config_option, json_option, progress_for, settings_for, store_option
 from registry.cli.render import Output, table
-from registry.cli.sign import result_doc, result_line
+from registry.cli.sign import result_doc, result_line, shown_signatures
 from registry.errors import IntegrityError, ModelNotFound, NotFound
 from registry.refs import check_name, parse_ref
 from registry.units import human_size
@@ -74,10 +74,9 @@ def show_cmd(ref: str, config_path: str | None, store: str | None, as_json: bool
     v = st.resolve(parse_ref(ref))
     aliases = sorted(a for a, n in st.aliases(v.name).items() if n == v.number)
     trust = api.trust_policy(settings, v.name)
-    # Judged against the manifest only (no re-hash: `verify --signatures` reads the bytes); untrusted without a policy.
-    sigs = api.verify_signatures(st, v, trust, rehash=False)
+    sig_docs, sig_lines = shown_signatures(st, v, trust)  # untrusted, every one, where no policy is configured
     doc = {"name": v.name, "version": v.number, "path": v.path, "manifest_sha256": v.manifest_sha256,
-           "aliases": aliases, "signatures": [result_doc(r) for r in sigs], "manifest": manifest_json(v.manifest)}
+           "aliases": aliases, "signatures": sig_docs, "manifest": manifest_json(v.manifest)}
     m = v.manifest
 
     def human() -> str:
@@ -91,8 +90,8 @@ def show_cmd(ref: str, config_path: str | None, store: str | None, as_json: bool
             size = sum(f.size for f in a.files)
             lines.append(f"  {a.format:<9} {len(a.files)} files, {human_size(size)}, {a.converter.name} "
                          f"{a.converter.version}, verification {a.verification.status}: {a.verification.method}")
-        lines.append(f"  signatures {len(sigs) or 'none'}")
-        lines += [f"    {result_line(r)}" for r in sigs]
+        lines.append(f"  signatures {len(sig_docs) or 'none'}")
+        lines += [f"    {line}" for line in sig_lines]
         return "\n".join(lines)
 
     Output(as_json).result(doc, human)

@@ -176,9 +176,9 @@ def record_bytes(record: SignatureRecord) -> bytes:
 
 def _read_bundle(bundle: dict[str, Any]) -> Any:
     """model-signing's Signature from a bundle dict, adjusted as its own reader adjusts a file."""
+    sigstore_pb = _ms()[4]  # first: without model-signing, its dependencies are missing too
     from sigstore_models.bundle import v1 as bundle_pb
 
-    sigstore_pb = _ms()[4]
     d = copy.deepcopy(bundle)
     material = d["verificationMaterial"]
     material.setdefault("tlogEntries", [])

@@ -240,3 +240,16 @@ def test_an_encrypted_key_takes_its_password_from_the_environment(mreg: Any, ver
     assert r.exit_code == 2 and "cannot sign" in r.json["error"]["message"]
     monkeypatch.setenv("KEY_PASSWORD", "s3cret")
     assert ok(mreg("sign", version, "--key", key, "--password-env", "KEY_PASSWORD", "--json"))["method"] == "key"
+
+
+def test_show_lists_signatures_unchecked_without_model_signing(mreg: Any, version: str, pki: dict[str, Any],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A serving node with mreg's core only still shows what it synced; sign and the gate say what to install."""
+    import sys
+
+    ok(mreg("sign", version, "--key", pki["release"].private, "--signer", "release-bot", "--json"))
+    monkeypatch.setitem(sys.modules, "model_signing", None)
+    [sig] = ok(mreg("show", version, "--json"))["signatures"]
+    assert sig["signer"] == "release-bot" and sig["status"] == "unchecked" and "mreg[sign]" in sig["reason"]
+    r = mreg("sign", version, "--key", pki["release"].private, "--json")
+    assert r.exit_code == 2 and "mreg[sign]" in r.json["error"]["hint"]
