@@ -254,10 +254,14 @@ class S3Store(Bucket):
             if obj is None:
                 continue
             try:
-                out.append(SignatureRecord.model_validate_json(obj.data))
+                rec = SignatureRecord.model_validate_json(obj.data)
             except ValueError as e:
                 raise IntegrityError(f"{self.url(key)} is not a signature record: {str(e).splitlines()[0]}",
                                      hint=_ALTERED.format(location=self.location)) from None
+            if (rec.name, rec.version) != (name, number):  # a sync writes it under the name it carries
+                raise IntegrityError(f"{self.url(key)} says it signs {rec.name}@{rec.version}, not {name}@{number}",
+                                     hint=_ALTERED.format(location=self.location))
+            out.append(rec)
         return out
 
     def publish_manifest(self, manifest: Manifest) -> Version:

@@ -155,6 +155,8 @@ def _keep(store: LocalStore, version: Version, bundle: dict[str, Any], signer: s
 
 def write_record(store: LocalStore, record: SignatureRecord) -> Path:
     """Add a record beside its version (a new file; existing records are never changed)."""
+    if not layout.NAME_RE.match(record.name):
+        raise IntegrityError(f"a signature record names the model {record.name!r}", hint="nothing was written")
     d = layout.signatures_dir(store.root, record.name, record.version)
     d.mkdir(parents=True, exist_ok=True)
     path = d / record_name(record)

@@ -88,3 +88,27 @@ def test_a_signature_stays_behind_when_the_remote_number_differs(mreg: Any, mode
     assert doc["remote_version"] == 1 and doc["signatures"] == 0 and doc["signatures_left"] == 1
     assert ok(mreg("show", "m@1", "--store", remote, "--json"))["signatures"] == []
     assert "left behind" in mreg("push", "m@2", remote).stdout
+
+
+def test_a_remote_record_that_disagrees_with_its_key_is_refused(mreg: Any, model_dir: Path, remote: str,
+                                                                tmp_path: Path) -> None:
+    """A record under models/m/signatures/1/ that names another model (a path out of the node's store) fails the
+    sync (exit 4) before anything is written."""
+    from registry.store.s3 import S3Store
+
+    ok(mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json"))
+    release, _ = write_key(tmp_path / "pki", "release")
+    ok(mreg("sign", "m@1", "--key", release.private, "--json"))
+    ok(mreg("push", "m@1", remote, "--json"))
+    ok(mreg("promote", "m@1", "--store", remote, "--json"))
+    rs = S3Store(remote)
+    [key] = rs.signature_keys("m", 1)
+    obj = rs.get(key)
+    assert obj is not None
+    doc = json.loads(obj.data)
+    doc["name"] = "../../../escape"
+    rs.put(key, json.dumps(doc).encode())
+    node = tmp_path / "node"
+    r = mreg("sync", remote, "m", "--store", node, "--json")
+    assert r.exit_code == 4 and "not m@1" in r.json["error"]["message"]
+    assert not (node / "models/m/production").exists() and not (tmp_path / "escape").exists()
