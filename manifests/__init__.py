@@ -20,6 +20,7 @@ from manifests.models import (
     TensorRTRequirements,
     Verification,
 )
+from manifests.signatures import SignatureRecord
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -39,6 +40,7 @@ __all__ = [
     "ModelInfo",
     "Provenance",
     "PullRecord",
+    "SignatureRecord",
     "SourceFile",
     "SourceInfo",
     "TensorRTRequirements",

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from manifests.checks import Baseline, CheckRecord, GoldenCase
 from manifests.models import AliasRecord, EngineRecord, HistoryEntry, Manifest, PullRecord
+from manifests.signatures import SignatureRecord
 
 SCHEMA_DIR = Path(__file__).parent / "schema"
 RECORDS: dict[str, type[BaseModel]] = {
@@ -21,6 +22,7 @@ RECORDS: dict[str, type[BaseModel]] = {
     "baseline": Baseline,
     "golden_case": GoldenCase,
     "engine_record": EngineRecord,
+    "signature_record": SignatureRecord,
 }
 
 

@@ -28,7 +28,7 @@ from registry.refs import Ref, check_alias, check_name, is_name, parse_ref
 if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     import threading
 
-    from manifests import CheckRecord
+    from manifests import CheckRecord, SignatureRecord
     from registry.cache import Snapshot
     from registry.convert.execute import ConversionOutcome
     from registry.convert.protocol import Target
@@ -39,7 +39,9 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.store.local import LocalStore
     from registry.store.protocol import Store, Version
     from registry.store.s3 import S3Store
+    from registry.store.signatures import SignatureResult
     from registry.store.transfer import PushOutcome, SyncOutcome
+    from registry.store.trust import TrustPolicy
     from registry.store.verify import VerifyReport
 
 
@@ -168,22 +170,27 @@ def promote(store: Store, ref: str, *, alias: str = "production", expect: int | 
             reason: str | None = None, require: Sequence[str] = (), force: bool = False,
             policy: dict[str, Any] | None = None, reload_cmd: str | None = None, reload_url: str | None = None,
             ready_url: str | None = None, ready_cmd: str | None = None,
-            ready_timeout_s: float | None = None) -> HookedPromotion:
+            ready_timeout_s: float | None = None, trust: TrustPolicy | None = None) -> HookedPromotion:
     """Point `alias` at the version `ref` names (atomic flip, recorded), after the gates; then the engine hooks.
 
     `policy` is the config file's contents: its `[models.NAME]` hooks and requirements apply; the
     hook arguments override them and `require` adds to them. `expect` is the version the alias
     must point to now (None: the alias must not exist yet; "": no condition). If the engine is not
-    ready after the flip, the alias is flipped back and `EngineNotReady` raised.
+    ready after the flip, the alias is flipped back and `EngineNotReady` raised. `trust` is the
+    policy a `signature` requirement is judged by (default: the one in `policy`, paths relative to
+    the working directory; `trust_policy` reads them relative to the config file).
     """
     from registry.release import hooks
+    from registry.store.trust import policy_for
 
     r = parse_ref(ref)
+    if trust is None:
+        trust = policy_for(policy or {}, r.name, Path.cwd())
     configured_hooks, configured = hooks.model_policy(policy or {}, r.name)
     merged = hooks.merge(configured_hooks, reload_cmd=reload_cmd, reload_url=reload_url, ready_url=ready_url,
                          ready_cmd=ready_cmd, ready_timeout_s=ready_timeout_s)
     return hooks.promote_with_hooks(store, r.name, store.resolve(r), merged, alias=alias, expect=expect,
-                                    reason=reason, force=force, require=(*configured, *require))
+                                    reason=reason, force=force, require=(*configured, *require), trust=trust)
 
 
 def rollback(store: Store, name: str, *, alias: str = "production", to: int | None = None,
@@ -276,22 +283,23 @@ def push(store: LocalStore, version: str | Version, remote: S3Store, *,
 
 
 def sync(remote: S3Store, name: str, store: LocalStore, *, alias: str = "production",
-         progress: Progress | None = None) -> SyncOutcome:
-    """Materialize the remote alias's version locally (every blob verified), then flip the local alias."""
+         progress: Progress | None = None, trust: TrustPolicy | None = None) -> SyncOutcome:
+    """Materialize the remote alias's version locally (every blob verified), then flip the local alias; with a
+    trust policy, only a version one of whose signatures verifies against it (else `GateRefused`, nothing done)."""
     from registry.store.transfer import sync as run
 
     check_name(name)
     check_alias(alias)
-    return run(remote, name, alias, store, progress=progress)
+    return run(remote, name, alias, store, progress=progress, trust=trust)
 
 
 def watch(remote: S3Store, name: str, store: LocalStore, *, alias: str, every: float,
           on_change: Callable[[SyncOutcome], None], stop: threading.Event,
-          on_error: Callable[[Exception], None]) -> None:
-    """Keep syncing an alias every `every` seconds until `stop` is set."""
+          on_error: Callable[[Exception], None], trust: TrustPolicy | None = None) -> None:
+    """Keep syncing an alias every `every` seconds until `stop` is set (each round under the trust policy)."""
     from registry.store.transfer import watch as run
 
-    run(remote, name, alias, store, every, on_change, stop, on_error)
+    run(remote, name, alias, store, every, on_change, stop, on_error, trust)
 
 
 def check(store: LocalStore, ref: str, golden: str | Path, *, fmt: str | None = None, min_hit_rate: float = 1.0,
@@ -331,3 +339,42 @@ def oci_sync(source: str, store: LocalStore, *, alias: str = "production", name:
     ref = reference.parse(source)
     target = transfer.open_target(ref, insecure=insecure)
     return transfer.sync(target, ref.digest or ref.tag, store, alias=alias, name=name, progress=progress)
+
+
+def trust_policy(settings: config.Settings, name: str) -> TrustPolicy:
+    """The trust policy for a model: `[models.NAME.trust]`, else `[trust]`, paths relative to the config file."""
+    from registry.store.trust import policy_for
+
+    return policy_for(settings.raw, name, settings.config_path.parent)
+
+
+def sign(store: LocalStore, ref: str, *, key: str | Path | None = None, certificate: str | Path | None = None,
+         chain: Sequence[str | Path] = (), password: str | None = None, signer: str | None = None,
+         import_bundle: str | Path | None = None) -> SignatureRecord:
+    """Sign a version (its manifest's files and the manifest) with an EC key, or a key and its certificate chain;
+    or keep a bundle the model_signing CLI made on the version directory. The record is kept beside the version."""
+    from registry.store import signatures
+
+    v = store.resolve(parse_ref(ref))
+    if import_bundle is not None:
+        if key is not None or certificate is not None:
+            raise UsageError("--import takes no key or certificate", hint="the bundle carries its own")
+        return signatures.import_bundle(store, v, Path(import_bundle), signer)
+    if key is None:
+        raise UsageError("nothing to sign with", hint="pass --key KEY.pem (and --certificate CERT.pem), or --import")
+    if chain and certificate is None:
+        raise UsageError("--chain needs --certificate", hint="pass the signing certificate with --certificate")
+    if password is not None and certificate is not None:
+        raise UsageError("model-signing 1.1 reads a certificate's key without a password",
+                         hint="sign with an unencrypted key file (e.g. on a tmpfs), or with --key alone")
+    return signatures.sign(store, v, key=Path(key), certificate=Path(certificate) if certificate else None,
+                           chain=[Path(c) for c in chain], password=password, signer=signer)
+
+
+def verify_signatures(store: Store, version: Version, trust: TrustPolicy, *, rehash: bool = True
+                      ) -> list[SignatureResult]:
+    """Judge every signature of a version against a trust policy (on a local store, against the bytes too)."""
+    from registry.store.signatures import judge
+
+    files = store.files_dir(version) if rehash else None
+    return [judge(r, version, trust, files) for r in store.signatures(version.name, version.number)]

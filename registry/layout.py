@@ -18,6 +18,8 @@ Store::
 
     models/<name>/checks/<n>/<time>-<golden>-<sha12>.json   golden-check records (append-only, beside the version)
     models/<name>/baselines/<golden>.json                   expected outputs of a golden set
+    models/<name>/signatures/<n>/<time>-<key id[:12]>.json  signature records (append-only, beside the version;
+                                                            the same keys in an S3 store)
 
 S3 store (`s3://bucket/prefix/`): the same `blobs/` and `models/<name>/versions/<n>/manifest.json`,
 plus `models/<name>/aliases/<alias>.json` (an alias record with its history),
@@ -50,6 +52,7 @@ ALIAS_LOCK = ".lock"
 
 LOCKS = "locks"
 CHECKS = "checks"
+SIGNATURES = "signatures"
 BASELINES = "baselines"
 
 S3_ALIASES = "aliases"
@@ -65,7 +68,7 @@ CACHE_REFS = "refs"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ALIAS_RE = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 #: Names under models/<name>/ that are not aliases (and "history", the log's stem, and "tmp", for readability).
-RESERVED_ALIASES = frozenset({VERSIONS, CHECKS, BASELINES, HISTORY.split(".")[0], TMP})
+RESERVED_ALIASES = frozenset({VERSIONS, CHECKS, BASELINES, SIGNATURES, HISTORY.split(".")[0], TMP})
 
 
 def blob_path(root: Path, sha256: str) -> Path:
@@ -139,6 +142,16 @@ def check_record_name(stamp: str, golden: str, golden_sha256: str) -> str:
     return f"{stamp}-{golden}-{golden_sha256[:12]}.json"
 
 
+def signatures_dir(root: Path, name: str, version: int) -> Path:
+    """Where the signature records of one version live (beside it: the version itself never changes)."""
+    return model_dir(root, name) / SIGNATURES / str(version)
+
+
+def signature_record_name(stamp: str, key_id: str) -> str:
+    """The file name of one signature record: time first, so that names sort oldest first."""
+    return f"{stamp}-{key_id[:12]}.json"
+
+
 def baseline_path(root: Path, name: str, golden: str) -> Path:
     """Where a golden set's baseline for a model lives."""
     return model_dir(root, name) / BASELINES / f"{golden}.json"
@@ -175,6 +188,11 @@ def s3_version(name: str, number: int) -> tuple[str, ...]:
 def s3_manifest(name: str, number: int) -> tuple[str, ...]:
     """A version's manifest: its create-only PUT publishes the version."""
     return (*s3_version(name, number), MANIFEST)
+
+
+def s3_signatures(name: str, number: int) -> tuple[str, ...]:
+    """The prefix of one version's signature records: the same names as in a local store."""
+    return (MODELS, name, SIGNATURES, str(number))
 
 
 def s3_aliases(name: str) -> tuple[str, ...]:

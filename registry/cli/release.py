@@ -38,7 +38,8 @@ def _change_text(c: AliasChange) -> str:
 @click.option("-m", "--message", help="Why (recorded in the history).")
 @click.option("--require", multiple=True, metavar="FORMAT[:ARGS]",
               help="Refuse unless the version has this format (tensorrt:sm_80 engines for a GPU; gguf:quality or "
-                   "gguf:kl=0.02,top1=0.9 GGUF quality within a budget) or check[:GOLDEN] passed.")
+                   "gguf:kl=0.02,top1=0.9 GGUF quality within a budget), check[:GOLDEN] passed, or `signature`: "
+                   "a signature that verifies against the trust policy.")
 @click.option("--force", is_flag=True, help="Promote even when a gate refuses.")
 @click.option("--reload", "reload_cmd", metavar="CMD", help="After the flip, run this (sh -c) so the engine reloads.")
 @click.option("--reload-url", metavar="URL", help="After the flip, POST to this URL (an engine's reload endpoint).")
@@ -54,7 +55,9 @@ def promote_cmd(ref: str, alias: str, expect: str | None, message: str | None, r
     """Point an alias at a version with one atomic symlink flip, and record it in the history.
 
     Gates: a version whose verification failed, or without a --require'd format, is refused
-    (exit 6) unless --force. Promoting to the current target changes nothing.
+    (exit 6) unless --force. `--require signature` (or `require = ["signature"]` under
+    `[models.NAME]`) needs a signature that verifies against the trust policy. Promoting to the
+    current target changes nothing.
 
     Hooks (flags, or `[models.NAME]` in the config file: reload, reload_url, ready_url,
     ready_cmd, ready_timeout): after the flip mreg reloads the engine and waits until it is
@@ -65,7 +68,7 @@ def promote_cmd(ref: str, alias: str, expect: str | None, message: str | None, r
     done = api.promote(any_store(settings), ref, alias=alias, expect=parse_expect(expect), reason=message,
                        require=require, force=force, policy=settings.raw, reload_cmd=reload_cmd,
                        reload_url=reload_url, ready_url=ready_url, ready_cmd=ready_cmd,
-                       ready_timeout_s=ready_timeout)
+                       ready_timeout_s=ready_timeout, trust=api.trust_policy(settings, ref.split("@", 1)[0]))
     doc = _change_doc(done.change)
     if done.report is not None:
         doc["hooks"] = {"ready": done.report.ready, "seconds": round(done.report.seconds, 3),

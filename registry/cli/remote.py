@@ -65,7 +65,8 @@ def push_cmd(ref: str, remote: str, force: bool, insecure: bool, verify_remote: 
     doc = {"name": v.name, "local_version": v.number, "remote": remote, "remote_version": out.version.number,
            "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
            "present_blobs": out.present_blobs, "verified_remote": out.verified_remote,
-           "repaired_blobs": out.repaired_blobs, "manifest_sha256": out.version.manifest_sha256}
+           "repaired_blobs": out.repaired_blobs, "manifest_sha256": out.version.manifest_sha256,
+           "signatures": out.signatures, "signatures_left": out.signatures_left}
     repaired = f"; {out.repaired_blobs} damaged remote blob(s) repaired" if out.repaired_blobs else (
         "; every remote blob verified" if out.verified_remote else "")
     Output(as_json).result(doc, (
@@ -74,7 +75,9 @@ def push_cmd(ref: str, remote: str, force: bool, insecure: bool, verify_remote: 
            f" (already there; {out.uploaded_blobs} damaged blob(s) sent again" if out.reused else
            f" ({out.uploaded_blobs} blob(s), {human_size(out.uploaded_bytes)} uploaded; "
            f"{out.present_blobs} already there")
-        + repaired + ")"))
+        + repaired + (f"; {out.signatures} signature(s) sent" if out.signatures else "")
+        + (f"; {out.signatures_left} signature(s) left behind: the remote number differs, so the signed manifest "
+           "does not match" if out.signatures_left else "") + ")"))
 
 
 def _push_oci(local: LocalStore, v: Version, remote: str, force: bool, insecure: bool, as_json: bool) -> None:
@@ -109,6 +112,9 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
 
     From OCI (NAME optional: the artifact names its version), the version mreg pushed there is
     reproduced exactly, under its number, every layer verified, and the local --alias flips to it.
+
+    With a trust policy in the config file (`[trust]`, `[models.NAME.trust]`), a version none of
+    whose signatures verifies against it is refused (exit 6) before anything is downloaded.
     """
     import signal
     import threading
@@ -129,7 +135,9 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
         raise click.UsageError("NAME is required when syncing from S3")
     check_name(name)
     check_alias(alias)
-    local = local_store(settings_for(config_path, store=store))
+    settings = settings_for(config_path, store=store)
+    local = local_store(settings)
+    trust = api.trust_policy(settings, name)
     rs = s3_store(remote)
     out = Output(as_json)
 
@@ -141,11 +149,11 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
             f" ({o.downloaded_blobs} blob(s), {human_size(o.downloaded_bytes)} downloaded)" if o.changed else
             " (already current)"))
 
-    report(api.sync(rs, name, local, alias=alias, progress=progress_for(as_json)))
+    report(api.sync(rs, name, local, alias=alias, progress=progress_for(as_json), trust=trust))
     if watch is None:
         return
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     api.watch(rs, name, local, alias=alias, every=watch, on_change=report, stop=stop,
-              on_error=lambda e: out.warn(f"{e} ({getattr(e, 'hint', '')})"))
+              on_error=lambda e: out.warn(f"{e} ({getattr(e, 'hint', '')})"), trust=trust)

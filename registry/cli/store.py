@@ -10,11 +10,13 @@ from registry import api
 from registry.cli.group import ReportedFailure
 from registry.cli.options import any_store, config_option, json_option, progress_for, settings_for, store_option
 from registry.cli.render import Output, table
+from registry.cli.sign import result_doc, result_line, shown_signatures
 from registry.errors import IntegrityError, ModelNotFound, NotFound
 from registry.refs import check_name, parse_ref
 from registry.units import human_size
 
 if TYPE_CHECKING:
+    from registry.store.signatures import SignatureResult
     from registry.store.verify import VerifyReport
 
 
@@ -67,11 +69,14 @@ def show_cmd(ref: str, config_path: str | None, store: str | None, as_json: bool
     """Show a version's manifest (REF: number, alias, `latest`, or manifest digest prefix)."""
     from registry.store.protocol import manifest_json
 
-    st = any_store(settings_for(config_path, store=store))
+    settings = settings_for(config_path, store=store)
+    st = any_store(settings)
     v = st.resolve(parse_ref(ref))
     aliases = sorted(a for a, n in st.aliases(v.name).items() if n == v.number)
+    trust = api.trust_policy(settings, v.name)
+    sig_docs, sig_lines = shown_signatures(st, v, trust)  # untrusted, every one, where no policy is configured
     doc = {"name": v.name, "version": v.number, "path": v.path, "manifest_sha256": v.manifest_sha256,
-           "aliases": aliases, "manifest": manifest_json(v.manifest)}
+           "aliases": aliases, "signatures": sig_docs, "manifest": manifest_json(v.manifest)}
     m = v.manifest
 
     def human() -> str:
@@ -88,6 +93,8 @@ def show_cmd(ref: str, config_path: str | None, store: str | None, as_json: bool
             quality = _quality(a.verification.metrics, a.verification.budget)
             if quality:
                 lines.append(f"  {'':<9} quality: {quality}")
+        lines.append(f"  signatures {len(sig_docs) or 'none'}")
+        lines += [f"    {line}" for line in sig_lines]
         return "\n".join(lines)
 
     Output(as_json).result(doc, human)
@@ -153,21 +160,50 @@ def resolve_cmd(ref: str, fmt: str, physical: bool, config_path: str | None, sto
 @click.command("verify")
 @click.argument("refs", nargs=-1, metavar="[NAME@REF]...")
 @click.option("--all", "all_", is_flag=True, help="Verify every version in the store.")
+@click.option("--signatures", is_flag=True,
+              help="Also judge each version's signatures against the trust policy (valid, invalid, untrusted).")
 @config_option
 @store_option
 @json_option
-def verify_cmd(refs: tuple[str, ...], all_: bool, config_path: str | None, store: str | None, as_json: bool) -> None:
-    """Re-hash every file of the given versions offline; exit 4 on any mismatch, missing or extra file."""
-    st = any_store(settings_for(config_path, store=store))
+def verify_cmd(refs: tuple[str, ...], all_: bool, signatures: bool, config_path: str | None, store: str | None,
+               as_json: bool) -> None:
+    """Re-hash every file of the given versions offline; exit 4 on any mismatch, missing or extra file.
+
+    With --signatures, each signature is also judged against the trust policy (`[trust]`, or
+    `[models.NAME.trust]`): exit 4 as well when a signature is invalid or a version has no valid one.
+    """
+    settings = settings_for(config_path, store=store)
+    st = any_store(settings)
     reports = api.verify(st, refs, all_versions=all_, progress=progress_for(as_json))
+    judged: dict[tuple[str, int], list[SignatureResult]] = {}
+    if signatures:
+        for r in reports:
+            # The bytes were just re-hashed by the report: the signatures are judged against the manifest.
+            judged[(r.name, r.version)] = api.verify_signatures(
+                st, st.version(r.name, r.version), api.trust_policy(settings, r.name), rehash=False) if r.ok else []
+    unsigned = [k for k, res in judged.items()
+                if not any(x.status == "valid" for x in res) or any(x.status == "invalid" for x in res)]
     bad = [r for r in reports if not r.ok]
-    failure = _verify_failure(reports) if bad else None
-    docs = [{"name": r.name, "version": r.version, "files": r.files, "bytes": r.bytes, "ok": r.ok,
-             "problems": list(r.problems)} for r in reports]
-    Output(as_json).result({"ok": not bad, "versions": docs}, lambda: "\n".join(
-        (f"✓ {r.name}@{r.version}: {r.files} files, {human_size(r.bytes)} match their digests" if r.ok else
-         f"✗ {r.name}@{r.version}:\n" + "\n".join(f"    {p}" for p in r.problems)) for r in reports),
-        failure=failure)
+    failure = _verify_failure(reports) if bad else _signature_failure(unsigned) if unsigned else None
+    docs: list[dict[str, Any]] = []
+    for r in reports:
+        docs.append({"name": r.name, "version": r.version, "files": r.files, "bytes": r.bytes, "ok": r.ok,
+                     "problems": list(r.problems)})
+        if signatures:
+            docs[-1]["signatures"] = [result_doc(x) for x in judged[(r.name, r.version)]]
+            docs[-1]["signed"] = (r.name, r.version) not in unsigned
+
+    def human() -> str:
+        lines = []
+        for r in reports:
+            lines.append(f"✓ {r.name}@{r.version}: {r.files} files, {human_size(r.bytes)} match their digests"
+                         if r.ok else f"✗ {r.name}@{r.version}:\n" + "\n".join(f"    {p}" for p in r.problems))
+            if signatures and r.ok:
+                res = judged[(r.name, r.version)]
+                lines += [f"    {result_line(x)}" for x in res] or ["    ✗ no signatures"]
+        return "\n".join(lines)
+
+    Output(as_json).result({"ok": not bad and not unsigned, "versions": docs}, human, failure=failure)
     if failure is not None:
         raise ReportedFailure(failure)
 
@@ -180,6 +216,14 @@ def _verify_failure(reports: list[VerifyReport]) -> IntegrityError:
         hint = "remove each symlink named above (`rm LINK`, no trailing slash: its target stays), " + hint
     return IntegrityError(f"{len(bad)} of {len(reports)} version(s) failed verification: "
                           + ", ".join(f"{r.name}@{r.version}" for r in bad), hint=hint)
+
+
+def _signature_failure(unsigned: list[tuple[str, int]]) -> IntegrityError:
+    names = ", ".join(f"{n}@{v}" for n, v in unsigned)
+    return IntegrityError(f"{len(unsigned)} version(s) have no valid signature under the trust policy, or an "
+                          f"invalid one: {names}",
+                          hint="see each signature's verdict above; sign with a trusted key (`mreg sign`) or fix "
+                               "[trust] in the config file")
 
 
 @click.command("gc")

@@ -15,6 +15,7 @@ from registry.errors import Conflict, GateRefused, NotFound
 from registry.refs import check_alias, check_name
 from registry.release.gates import check_gates
 from registry.store.protocol import HistoryLoader, Store, Version
+from registry.store.trust import TrustPolicy
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,12 @@ def promote(
     reason: str | None = None,
     force: bool = False,
     require: Sequence[str] = (),
+    trust: TrustPolicy | None = None,
 ) -> AliasChange:
     """Point `alias` at `version` atomically, after the gates and the `--expect` check."""
     check_name(name)
     check_alias(alias)
-    problems = check_gates(version, require, store)
+    problems = check_gates(version, require, store, trust)
     if problems and not force:
         raise GateRefused(
             f"{name}@{version.number} may not be promoted: {'; '.join(problems)}",

@@ -2,8 +2,9 @@
 
 A failed verification always blocks. A requirement (`--require`, or `require` under
 `[models.NAME]`) names a format, which the format's converter judges (`tensorrt:sm_80,sm_90`
-asks for engines; `gguf:quality` or `gguf:kl=0.02` every GGUF file's measured quality within a budget), or
-`check[:GOLDEN]`, a passing golden-set check.
+asks for engines; `gguf:quality` or `gguf:kl=0.02` every GGUF file's measured quality within a budget),
+`check[:GOLDEN]`, a passing golden-set check, or `signature`: at least one signature that verifies against the
+model's trust policy (on a local store, against the bytes too).
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from manifests import Artifact
 from registry.convert.formats import get, known
 from registry.release.check import check_problems
 from registry.store.protocol import Store, Version
+from registry.store.signatures import judge, signature_problems
+from registry.store.trust import TrustPolicy
 
 
-def check_gates(version: Version, requirements: Sequence[str] = (), store: Store | None = None) -> list[str]:
+def check_gates(version: Version, requirements: Sequence[str] = (), store: Store | None = None,
+                trust: TrustPolicy | None = None) -> list[str]:
     """Every reason a version may not be promoted (empty when it may).
 
     A requirement is a format (`hf`, `gguf`, …) the version must carry, or `check[:GOLDEN]`: the
@@ -30,7 +34,9 @@ def check_gates(version: Version, requirements: Sequence[str] = (), store: Store
     formats = {a.format for a in version.manifest.artifacts}
     for req in requirements:
         kind = req.split(":", 1)[0]
-        if kind == "check":
+        if req == "signature":
+            problems += _signature_gate(version, store, trust or TrustPolicy())
+        elif kind == "check":
             problems += check_problems(store, version, req) if store is not None else [
                 f"{req}: no store to read check records from"]
         elif known(kind):
@@ -41,3 +47,13 @@ def check_gates(version: Version, requirements: Sequence[str] = (), store: Store
         elif kind not in formats:
             problems.append(f"no {kind} artifact (required by --require {req})")
     return problems
+
+
+def _signature_gate(version: Version, store: Store | None, trust: TrustPolicy) -> list[str]:
+    if store is None:
+        return ["signature: no store to read signatures from"]
+    if trust.empty:
+        return signature_problems([], version, trust)
+    files = store.files_dir(version)
+    return signature_problems([judge(r, version, trust, files) for r in store.signatures(version.name, version.number)],
+                              version, trust)

@@ -42,7 +42,7 @@ def model_policy(raw: dict[str, Any], name: str) -> tuple[Hooks, tuple[str, ...]
     table = raw.get("models", {}).get(name, {})
     if not isinstance(table, dict):
         raise UsageError(f"[models.{name}] in the config file is not a table", hint="see the README's config section")
-    known = {"reload", "reload_url", "ready_url", "ready_cmd", "ready_timeout", "require"}
+    known = {"reload", "reload_url", "ready_url", "ready_cmd", "ready_timeout", "require", "trust"}
     unknown = set(table) - known
     if unknown:
         raise UsageError(f"unknown keys in [models.{name}]: {', '.join(sorted(unknown))}",

@@ -4,5 +4,7 @@
 backends (`s3` built on `bucket`, the bucket's primitive object operations); `staging` builds a
 local version before it is published; `transfer` moves versions between the two (push, sync);
 `verify` re-hashes a version and `gc` collects what nothing needs, each for either backend
-behind one call. boto3 is imported only by `s3` and `bucket`.
+behind one call; `signatures` signs versions (OpenSSF model-signing) and judges their signatures
+against `trust`, the policy from the config file. boto3 is imported only by `s3` and `bucket`,
+model-signing only by `signatures`, when used.
 """

@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from manifests import CheckRecord, HistoryEntry, Manifest
+from manifests import CheckRecord, HistoryEntry, Manifest, SignatureRecord
 from registry import atomic, layout
 from registry.digest import file_chunks, sha256_file, write_hashed
 from registry.errors import Conflict, IntegrityError, ModelNotFound, UsageError, VersionNotFound
@@ -201,6 +201,21 @@ class LocalStore:
         if not d.is_dir():
             return []
         return [CheckRecord.model_validate_json(p.read_bytes()) for p in sorted(d.glob("*.json"))]
+
+    def signatures(self, name: str, number: int) -> list[SignatureRecord]:
+        """Every signature record of a version, oldest first; one that does not parse is an IntegrityError."""
+        d = layout.signatures_dir(self.root, name, number)
+        if not d.is_dir():
+            return []
+        atomic.require_no_link(self.root, d, f"signatures of {name}@{number}")
+        out = []
+        for p in sorted(d.glob("*.json")):
+            try:
+                out.append(SignatureRecord.model_validate_json(p.read_bytes()))
+            except ValueError as e:
+                raise IntegrityError(f"signature record {p} does not parse: {str(e).splitlines()[0]}",
+                                     hint="restore it from a backup, or remove it (one signer's record)") from None
+        return out
 
     def alias_lock(self, name: str) -> contextlib.AbstractContextManager[object]:
         """Serialize alias writers of one model (flock on the model's lock file)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from manifests import CheckRecord, HistoryEntry, Manifest
+from manifests import CheckRecord, HistoryEntry, Manifest, SignatureRecord
 from registry.errors import ModelNotFound, UsageError, VersionNotFound
 from registry.refs import LATEST, Ref
 
@@ -77,6 +77,9 @@ class Store(Protocol):
 
     def check_records(self, name: str, number: int) -> list[CheckRecord] | None:
         """Golden-check records of a version, oldest first; None where this store keeps none."""
+
+    def signatures(self, name: str, number: int) -> list[SignatureRecord]:
+        """Signature records of a version, oldest first (what they prove is judged against a trust policy)."""
 
 
 HistoryLoader = Callable[[], list[HistoryEntry]]

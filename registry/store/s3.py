@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from manifests import AliasRecord, CheckRecord, HistoryEntry, Manifest
+from manifests import AliasRecord, CheckRecord, HistoryEntry, Manifest, SignatureRecord
 from registry import layout
 from registry.errors import (
     Conflict,
@@ -236,6 +236,33 @@ class S3Store(Bucket):
     def check_records(self, name: str, number: int) -> list[CheckRecord] | None:
         """None: golden-check records are kept in local stores only."""
         return None
+
+    def signatures_prefix(self, name: str, number: int) -> str:
+        """The key prefix of a version's signature records."""
+        return self.key(*layout.s3_signatures(name, number)) + "/"
+
+    def signature_keys(self, name: str, number: int) -> list[str]:
+        """The keys of a version's signature records, oldest first."""
+        return sorted(o["Key"] for o in self.list_objects(self.signatures_prefix(name, number))
+                      if str(o["Key"]).endswith(".json"))
+
+    def signatures(self, name: str, number: int) -> list[SignatureRecord]:
+        """Every signature record of a version, oldest first; one that does not parse is an IntegrityError."""
+        out = []
+        for key in self.signature_keys(name, number):
+            obj = self.get(key)
+            if obj is None:
+                continue
+            try:
+                rec = SignatureRecord.model_validate_json(obj.data)
+            except ValueError as e:
+                raise IntegrityError(f"{self.url(key)} is not a signature record: {str(e).splitlines()[0]}",
+                                     hint=_ALTERED.format(location=self.location)) from None
+            if (rec.name, rec.version) != (name, number):  # a sync writes it under the name it carries
+                raise IntegrityError(f"{self.url(key)} says it signs {rec.name}@{rec.version}, not {name}@{number}",
+                                     hint=_ALTERED.format(location=self.location))
+            out.append(rec)
+        return out
 
     def publish_manifest(self, manifest: Manifest) -> Version:
         """Create the manifest under the next free number (create-only PUT; on collision, the next)."""

@@ -5,9 +5,14 @@ server; with verify_remote each present blob is also downloaded and hashed, and 
 fails) → create-only manifest → key index → drop the lease. A push killed anywhere leaves at most
 unreferenced blobs; the re-push uploads only what is missing.
 
-Sync: alias record → manifest (its digest must match the record) → blobs downloaded into a
-local staging tree, each hashed while written → published locally under the same number →
-local symlink flipped. A corrupt remote blob fails the sync before anything becomes visible.
+Sync: alias record → manifest (its digest must match the record) → with a trust policy, the
+version's signatures judged against it (none valid: refused, nothing downloaded) → blobs
+downloaded into a local staging tree, each hashed while written → published locally under the
+same number → signature records copied → local symlink flipped. A corrupt remote blob fails the
+sync before anything becomes visible.
+
+Signature records travel with push and sync (create-only, never replaced) when the version keeps
+its number: a signature covers the manifest, whose bytes carry the number.
 """
 
 from __future__ import annotations
@@ -22,12 +27,15 @@ from typing import TypeVar
 from manifests import AliasRecord, HistoryEntry, Manifest
 from registry import layout, provenance
 from registry.digest import sha256_file, write_hashed
-from registry.errors import Conflict, IntegrityError, NotFound, StoreUnreachable
+from registry.errors import Conflict, GateRefused, IntegrityError, NotFound, StoreUnreachable
 from registry.progress import NoProgress, Progress
+from registry.store.bucket import PreconditionFailed
 from registry.store.local import LocalStore
 from registry.store.parallel import parallel
 from registry.store.protocol import Version
 from registry.store.s3 import S3Store
+from registry.store.signatures import judge, record_bytes, record_name, signature_problems, write_record
+from registry.store.trust import TrustPolicy
 
 T = TypeVar("T")
 MULTIPART_THRESHOLD = 64 << 20
@@ -47,6 +55,10 @@ class PushOutcome:
     repaired_blobs: int = 0
     #: Whether every remote blob already there was downloaded and hashed.
     verified_remote: bool = False
+    #: Signature records sent (records already there are not counted).
+    signatures: int = 0
+    #: Local signatures left behind: the remote version has another number, so other manifest bytes.
+    signatures_left: int = 0
 
 
 def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Progress | None = None,
@@ -89,8 +101,28 @@ def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Prog
         published = existing or remote.publish_manifest(version.manifest)
     finally:
         remote.delete(lease)
+    sent, left = _push_signatures(local, version, remote, published)
     return PushOutcome(published, existing is not None, len(missing), sum(files[d] for d in missing),
-                       len(files) - len(missing), len(damaged), verify_remote)
+                       len(files) - len(missing), len(damaged), verify_remote, sent, left)
+
+
+def _push_signatures(local: LocalStore, version: Version, remote: S3Store, published: Version) -> tuple[int, int]:
+    """Send the version's signature records the remote lacks (create-only); (sent, left behind)."""
+    records = local.signatures(version.name, version.number)
+    if published.manifest_sha256 != version.manifest_sha256:
+        return 0, len(records)
+    have = set(remote.signature_keys(published.name, published.number))
+    sent = 0
+    for rec in records:
+        key = remote.signatures_prefix(published.name, published.number) + record_name(rec)
+        if key in have:
+            continue
+        try:
+            remote.put(key, record_bytes(rec), if_none_match=True)
+            sent += 1
+        except PreconditionFailed:
+            pass  # another push sent it first
+    return sent, 0
 
 
 def _remote_digest(remote: S3Store, digest: str, advance: Callable[[int], None]) -> str | None:
@@ -134,14 +166,24 @@ class SyncOutcome:
 
 
 def sync(remote: S3Store, name: str, alias: str, local: LocalStore, *, progress: Progress | None = None,
-         workers: int = 8) -> SyncOutcome:
-    """Make the local store's `alias` point at a complete local copy of the remote alias's version."""
+         workers: int = 8, trust: TrustPolicy | None = None) -> SyncOutcome:
+    """Make the local store's `alias` point at a complete local copy of the remote alias's version; with a trust
+    policy, only when one of its signatures verifies (GateRefused before anything is written otherwise)."""
     progress = progress or NoProgress()
     rec, _ = remote.alias_record(name, alias)
     if rec is None:
         raise NotFound(f"{name} has no alias {alias} in {remote.location}",
                        hint=f"promote a version there first: `mreg promote {name}@N --store {remote.location}`")
     manifest, raw = _aliased_manifest(remote, name, alias, rec)
+    signatures = remote.signatures(name, rec.version)
+    if trust is not None and not trust.empty:
+        target = Version(name, rec.version, manifest, rec.manifest_sha256, remote.url(
+            remote.manifest_key(name, rec.version)))
+        problems = signature_problems([judge(s, target, trust) for s in signatures], target, trust)
+        if problems:
+            raise GateRefused(f"{name} {alias} was not synced to {rec.version}: {'; '.join(problems)}",
+                              hint=f"sign {name}@{rec.version} with a trusted key and push it again; the local "
+                                   f"{alias} was not changed")
     downloaded = (0, 0)
     have = _local_version(local, name, rec.version)
     if have is None:
@@ -149,6 +191,9 @@ def sync(remote: S3Store, name: str, alias: str, local: LocalStore, *, progress:
     elif have != rec.manifest_sha256:
         raise Conflict(f"the local store already has a different {name}@{rec.version}",
                        hint="sync into a store used only for syncing from this remote")
+    for sig in signatures:
+        if sig.manifest_sha256 == rec.manifest_sha256:
+            write_record(local, sig)
     _, entry = local_flip(local, name, alias, rec.version)
     return SyncOutcome(rec.version, entry is not None, downloaded[0], downloaded[1], entry)
 
@@ -241,13 +286,14 @@ def local_flip(local: LocalStore, name: str, alias: str, number: int) -> tuple[i
 
 def watch(remote: S3Store, name: str, alias: str, local: LocalStore, every: float,
           on_change: Callable[[SyncOutcome], None], stop: threading.Event,
-          on_error: Callable[[Exception], None]) -> None:
+          on_error: Callable[[Exception], None], trust: TrustPolicy | None = None) -> None:
     """Follow a remote alias until `stop` is set; each change is synced and reported."""
     while not stop.is_set():
         try:
-            out = sync(remote, name, alias, local)
+            out = sync(remote, name, alias, local, trust=trust)
             if out.changed:
                 on_change(out)
-        except (IntegrityError, NotFound, Conflict, StoreUnreachable) as e:  # reported; the next round retries
+        # Reported; the next round retries (a refused version may be signed meanwhile).
+        except (IntegrityError, NotFound, Conflict, StoreUnreachable, GateRefused) as e:
             on_error(e)
         stop.wait(every)
