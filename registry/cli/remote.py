@@ -113,8 +113,9 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
     From OCI (NAME optional: the artifact names its version), the version mreg pushed there is
     reproduced exactly, under its number, every layer verified, and the local --alias flips to it.
 
-    With a trust policy in the config file (`[trust]`, `[models.NAME.trust]`), a version none of
-    whose signatures verifies against it is refused (exit 6) before anything is downloaded.
+    From S3, with a trust policy in the config file (`[trust]`, `[models.NAME.trust]`), a version
+    none of whose signatures verifies against it is refused (exit 6) before anything is downloaded
+    (an OCI sync does not carry or check signatures yet).
     """
     import signal
     import threading
