@@ -3,14 +3,14 @@
 The vocabularies and the expected ids are llama.cpp's test files, from the llama-cpp-python source package
 (tests/support/llama_cpp_source.py): `models/ggml-vocab-NAME.gguf`, written by llama.cpp's converter from the
 real model, and `.inp`/`.out`, the ids that model's Hugging Face tokenizer gives for llama.cpp's test strings.
-Each vocabulary mreg can describe (16 of 19: byte-level BPE and SentencePiece) is written back as the files its
+Each vocabulary mreg can describe (15 of 19: byte-level BPE and SentencePiece) is written back as the files its
 model ships, on a tiny random Llama (Qwen2 for the Qwen ones). Then:
 - the written-back files tokenize every test string to the recorded ids: they are the real tokenizer;
 - mreg's GGUF holds exactly the tokenizer keys that llama.cpp's current converter (`convert_hf_to_gguf.py
   --vocab-only`, run on the same checkpoint) writes, key for key and value for value, and the same tokens, scores
   and merges as the vocabulary file;
 - llama.cpp, loading mreg's file, tokenizes every test string to the recorded ids;
-- the three it cannot describe are refused before any work, with the reason.
+- the four it cannot describe are listed with the reason, and such tokenizers are refused before any work.
 """
 
 from __future__ import annotations
