@@ -60,6 +60,11 @@ def _layer(name: str) -> int:
     return int(name.split(".")[1]) if name.startswith("blk.") else -1
 
 
+def _attn_v_like(name: str) -> bool:
+    """category_is_attn_v: a fused qkv matrix (Phi-3) takes attn_v's rules and counts as one."""
+    return "attn_v.weight" in name or "attn_qkv.weight" in name
+
+
 def _sort_key(name: str) -> tuple[int, str]:
     """llama.cpp's weights_map order: by layer number (non-layer tensors first), then by name."""
     return (_layer(name), name)
@@ -78,7 +83,7 @@ def _mixed(ftype: str, base: str, name: str, ncols: int, p: MixParams, tied: boo
         return base if base == "Q8_0" else "Q6_K"
     if name == "token_embd.weight":
         return base
-    if "attn_v.weight" in name:
+    if _attn_v_like(name):
         i, n = counters["attn_v"], counters["n_attn_v"]
         counters["attn_v"] += 1
         new = base
@@ -115,7 +120,7 @@ def choose_types(ftype: str, tensors: Sequence[tuple[str, tuple[int, ...]]], par
     base = FILE_TYPES[ftype][0]
     names = {name for name, _ in tensors}
     tied = "output.weight" not in names
-    counters = {"attn_v": 0, "ffn_down": 0, "n_attn_v": sum("attn_v.weight" in n for n in names)}
+    counters = {"attn_v": 0, "ffn_down": 0, "n_attn_v": sum(_attn_v_like(n) for n in names)}
     chosen: dict[str, TensorChoice] = {}
     for name, shape in sorted(tensors, key=lambda t: _sort_key(t[0])):
         ncols = shape[-1]

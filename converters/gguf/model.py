@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from converters.gguf import families
 from converters.gguf.quants.blocks import Floats
 from registry.convert.safetensors import read_header, read_into
 from registry.errors import IntegrityError, UsageError
@@ -28,6 +29,7 @@ ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    **families.FAMILIES,
 }
 DTYPES: dict[str, np.dtype[Any]] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 _SKIP = ("rotary_emb.inv_freq",)
@@ -62,6 +64,8 @@ class TensorPlan:
     values: Floats | None = None
     #: The tensor's name in the safetensors source (none for values mreg computes).
     source_name: str = ""
+    #: Added to every value as it is read (Gemma's norms are stored as `1 + weight`).
+    shift: float = 0.0
 
     @property
     def ncols(self) -> int:
@@ -160,27 +164,15 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
     n_layer, n_embd, n_head, n_head_kv, n_ff, vocab_size, head_dim = _sizes(config)
     check_shapes(weights, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
                  vocab_size=vocab_size, head_dim=head_dim)
-    meta: list[tuple[str, Any]] = [
-        ("general.architecture", arch), ("general.type", "model"), ("general.name", name),
-        (f"{arch}.block_count", n_layer),
-        (f"{arch}.context_length", _size(config, "max_position_embeddings", 4096)),
-        (f"{arch}.embedding_length", n_embd), (f"{arch}.feed_forward_length", n_ff),
-        (f"{arch}.attention.head_count", n_head), (f"{arch}.attention.head_count_kv", n_head_kv),
-        (f"{arch}.attention.layer_norm_rms_epsilon", _number(config, "rms_norm_eps", 1e-6)),
-    ]
-    rope_meta, rope_freqs = _rope_metadata(arch, config, head_dim)
-    meta += rope_meta
-    if "head_dim" in config:
-        meta += [(f"{arch}.attention.key_length", head_dim), (f"{arch}.attention.value_length", head_dim)]
-    if arch == "llama":
-        meta += [(f"{arch}.vocab_size", vocab_size), (f"{arch}.rope.dimension_count", head_dim)]
-
+    meta, extra = _metadata(arch, config, name, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                            n_ff=n_ff, vocab_size=vocab_size, head_dim=head_dim)
     mapping = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), n_layer)
     tensors: list[TensorPlan] = []
     unknown: list[str] = []
     for hf_name in sorted(weights, key=_hf_order):
         src = weights[hf_name]
-        if hf_name.endswith(_SKIP) or (hf_name == "lm_head.weight" and config.get("tie_word_embeddings")):
+        if hf_name.endswith(_SKIP) or (hf_name == "lm_head.weight" and (
+                config.get("tie_word_embeddings") or arch == "gemma2")):  # llama.cpp's gemma2 reuses token_embd
             continue
         gg = mapping.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if gg is None:
@@ -194,16 +186,47 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
         elif arch == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
             permute = n_head_kv
         shape = src.shape if len(src.shape) > 1 else (src.shape[0],)
-        tensors.append(TensorPlan(gg, shape, src, permute, source_name=hf_name))
+        tensors.append(TensorPlan(gg, shape, src, permute, source_name=hf_name,
+                                  shift=families.norm_shift(arch, hf_name)))
     if unknown:
         raise UnsupportedModel(f"{len(unknown)} tensors have no GGUF name for {arch}: {', '.join(unknown[:5])}",
                                hint="the checkpoint has parts this converter does not know (adapters, vision tower?)")
-    if rope_freqs is not None:
-        tensors.insert(0, TensorPlan("rope_freqs.weight", (len(rope_freqs),), None, values=rope_freqs))
+    tensors[:0] = [TensorPlan(gg, (len(values),), None, values=values) for gg, values in extra]
     names = {t.name for t in tensors}
     if "token_embd.weight" not in names:
         raise UnsupportedModel("the checkpoint has no token embedding (model.embed_tokens.weight)")
     return ModelPlan(arch, hf_arch, meta, tensors, n_layer, n_head, n_head_kv, vocab_size, config)
+
+
+def _metadata(arch: str, config: dict[str, Any], name: str,
+              **n: int) -> tuple[list[tuple[str, Any]], list[tuple[str, Floats]]]:
+    """The header's general.* and {arch}.* keys, and the tensors computed from config (rope factors)."""
+    meta: list[tuple[str, Any]] = [("general.architecture", arch), ("general.type", "model"), ("general.name", name)]
+    eps = _number(config, "rms_norm_eps", 1e-6)
+    n["context"] = _size(config, "max_position_embeddings", 4096)
+    try:
+        if arch == "phi3":
+            more, extra = families.phi3(config, n, eps)
+            return meta + more, extra
+        if arch == "gemma2":
+            return meta + families.gemma2(config, n, eps), []
+        if arch == "gemma3":
+            return meta + families.gemma3(config, n, eps), []
+    except (KeyError, TypeError, ValueError) as e:
+        raise UnsupportedModel(f"config.json of {arch}: {e}", hint="llama.cpp cannot read this model either") from e
+    meta += [
+        (f"{arch}.block_count", n["n_layer"]), (f"{arch}.context_length", n["context"]),
+        (f"{arch}.embedding_length", n["n_embd"]), (f"{arch}.feed_forward_length", n["n_ff"]),
+        (f"{arch}.attention.head_count", n["n_head"]), (f"{arch}.attention.head_count_kv", n["n_head_kv"]),
+        (f"{arch}.attention.layer_norm_rms_epsilon", eps),
+    ]
+    rope_meta, rope_freqs = _rope_metadata(arch, config, n["head_dim"])
+    meta += rope_meta
+    if "head_dim" in config:
+        meta += [(f"{arch}.attention.key_length", n["head_dim"]), (f"{arch}.attention.value_length", n["head_dim"])]
+    if arch == "llama":
+        meta += [(f"{arch}.vocab_size", n["vocab_size"]), (f"{arch}.rope.dimension_count", n["head_dim"])]
+    return meta, [] if rope_freqs is None else [("rope_freqs.weight", rope_freqs)]
 
 
 #: Largest size mreg plans for (2^31): what the config says is checked against the weights, but a number
@@ -260,7 +283,9 @@ def check_shapes(weights: dict[str, SourceTensor], **sizes: int) -> None:
                 "self_attn.q_proj.weight": (q_rows, sizes["n_embd"]),
                 "self_attn.k_proj.weight": (kv_rows, sizes["n_embd"]),
                 "self_attn.v_proj.weight": (kv_rows, sizes["n_embd"]),
-                "mlp.gate_proj.weight": (sizes["n_ff"], sizes["n_embd"])}
+                "mlp.gate_proj.weight": (sizes["n_ff"], sizes["n_embd"]),
+                "self_attn.qkv_proj.weight": (q_rows + 2 * kv_rows, sizes["n_embd"]),
+                "mlp.gate_up_proj.weight": (2 * sizes["n_ff"], sizes["n_embd"])}
     for name, tensor in weights.items():
         want = next((s for suffix, s in expected.items() if name.endswith(suffix)), None)
         if want is not None and tuple(tensor.shape) != want:
@@ -315,6 +340,8 @@ class SafetensorsReader:
             head = t.nrows // t.permute_heads
             # HF stores each head's rotary halves apart; llama.cpp wants them interleaved.
             out = out.reshape(-1, 2, head // 2, t.ncols).swapaxes(1, 2).reshape(stop - start, t.ncols)
+        if t.shift:
+            out = out + np.float32(t.shift)
         return np.ascontiguousarray(out)
 
     def head_rows(self, t: TensorPlan) -> int:

@@ -110,6 +110,41 @@ def build_llama3_rope(dest: Path, **kw: Any) -> Path:
     return dest
 
 
+def build_with_transformers(dest: Path, kind: str, *, hidden: int = 64, spm: bool = True, **config: Any) -> Path:
+    """A tiny random model of a family transformers defines (its own config class and initialization), saved as
+    safetensors beside a tiny tokenizer (SentencePiece, or the llama directory's BPE); norm weights are random
+    too, so that a convention such as Gemma's `1 + weight` shows in the logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    (build_spm_llama if spm else build_tiny_llama)(dest)
+    vocab = json.loads((dest / "config.json").read_text())["vocab_size"]
+    for p in [*dest.glob("*.safetensors*"), dest / "config.json"]:
+        p.unlink()
+    classes = {"phi3": "Phi3Config", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig"}
+    cfg = getattr(transformers, classes[kind])(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                                               bos_token_id=1, eos_token_id=2, pad_token_id=None, **config)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:  # Gemma's norms start at 0 (they multiply by 1 + weight), the others at 1
+                param.copy_(torch.randn_like(param) * 0.1 + (0.0 if kind.startswith("gemma") else 1.0))
+    model.save_pretrained(dest)
+    return dest
+
+
+#: Phi-3 mini's shape of things (separate output, full rotary) at 256 wide, so that K-quant blocks fit and the
+#: mix rules choose; Phi-4-mini's (tied embeddings, 3/4 rotary, longrope with factor tensors) at 64.
+PHI3 = {"hidden": 256}
+PHI3_LONGROPE = {"tie_word_embeddings": True, "max_position_embeddings": 256, "original_max_position_embeddings": 64,
+                 "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                                     "short_factor": [1.0 + 0.1 * i for i in range(6)],
+                                     "long_factor": [2.0 + 0.5 * i for i in range(6)],
+                                     "original_max_position_embeddings": 64}}
+
+
 BUILDERS: dict[str, Callable[..., Path]] = {
     "llama": lambda d, **kw: build_tiny_llama(d, **kw),
     "qwen2": lambda d, **kw: build_tiny_llama(d, model_type="qwen2", **kw),
@@ -117,6 +152,8 @@ BUILDERS: dict[str, Callable[..., Path]] = {
     "qwen3": build_qwen3,
     "llama-spm": build_spm_llama,
     "llama3-rope": build_llama3_rope,
+    "phi3": lambda d, **kw: build_with_transformers(d, "phi3", **{**PHI3, **kw}),
+    "phi3-longrope": lambda d, **kw: build_with_transformers(d, "phi3", **{**PHI3_LONGROPE, **kw}),
 }
 
 

@@ -1,0 +1,115 @@
+"""Phi-3 (and the families after it) against llama.cpp's own converter and quantizer on the same checkpoint.
+
+Each tiny model is built once for the module with transformers' own config class; llama.cpp's
+`convert_hf_to_gguf.py` writes its F16 and F32 files in one process, and `llama_model_quantize` makes Q8_0 and
+Q4_K_M from the F32 one. mreg's F16, Q8_0 and Q4_K_M must hold the same metadata (but the general.* naming
+keys), the same tensors with the same types and the same bytes; the conversion through the CLI must pass its
+verification (llama.cpp loads the file, its logits against mreg's float32 reference).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cli import convert
+
+from converters.gguf.converter import write
+from converters.gguf.mix import FILE_TYPES
+from converters.gguf.model import SafetensorsReader
+from converters.gguf.plan import plan
+
+gguf = pytest.importorskip("gguf")
+llama_cpp = pytest.importorskip("llama_cpp")
+pytest.importorskip("transformers")
+
+KINDS = ["phi3", "phi3-longrope"]
+TYPES = ["F16", "Q8_0", "Q4_K_M"]
+#: Keys that name the file rather than describe the model (mreg names it after the model in the store).
+NAMING = ("general.name", "general.size_label", "general.tags", "general.type", "general.basename",
+          "general.finetune")
+
+_DRIVER = """
+import json, runpy, sys
+for src, out, outtype in json.loads(sys.argv[1]):
+    sys.argv = ["convert_hf_to_gguf.py", src, "--outfile", out, "--outtype", outtype]
+    try:
+        runpy.run_path("convert_hf_to_gguf.py", run_name="__main__")
+    except SystemExit as e:
+        if e.code:
+            print(f"FAILED {src}: exit {e.code}", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from test_converters.conftest import BUILDERS
+
+    base = tmp_path_factory.mktemp("families")
+    return {kind: BUILDERS[kind](base / kind) for kind in KINDS}
+
+
+@pytest.fixture(scope="module")
+def theirs(llama_cpp_root: Path, sources: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """(kind, type) -> llama.cpp's file: its converter's F16, its quantizer's Q8_0 and Q4_K_M from its F32."""
+    out = tmp_path_factory.mktemp("llama-cpp-files")
+    jobs = [(str(src), str(out / f"{kind}-{t}.gguf"), t.lower()) for kind, src in sources.items()
+            for t in ("F16", "F32")]
+    env = {**os.environ, "PYTHONPATH": "gguf-py", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(jobs)], cwd=llama_cpp_root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert "FAILED" not in done.stdout and done.returncode == 0, done.stdout + done.stderr[-3000:]
+    files = {}
+    for kind in sources:
+        files[f"{kind}-F16"] = out / f"{kind}-F16.gguf"
+        for t in ("Q8_0", "Q4_K_M"):
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype, params.nthread = FILE_TYPES[t][1], 2
+            dest = out / f"{kind}-{t}.gguf"
+            assert llama_cpp.llama_model_quantize(str(out / f"{kind}-F32.gguf").encode(), str(dest).encode(),
+                                                  ctypes.byref(params)) == 0
+            files[f"{kind}-{t}"] = dest
+    return files
+
+
+def _read(path: Path) -> tuple[dict[str, Any], dict[str, tuple[str, list[int], bytes]]]:
+    reader = gguf.GGUFReader(path)
+    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.") and k not in NAMING}
+    tensors = {t.name: (t.tensor_type.name, [int(d) for d in t.shape], bytes(t.data.tobytes())) for t in reader.tensors}
+    return meta, tensors
+
+
+@pytest.mark.parametrize("file_type", TYPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_file_equals_llama_cpps(kind: str, file_type: str, sources: dict[str, Path], theirs: dict[str, Path],
+                                tmp_path: Path) -> None:
+    src = sources[kind]
+    p = plan(src, sorted(src.glob("*.safetensors")), file_type, "m")
+    reader = SafetensorsReader()
+    try:
+        write([p], [tmp_path / "mreg.gguf"], reader, workers=2)
+    finally:
+        reader.close()
+    ours_meta, ours = _read(tmp_path / "mreg.gguf")
+    their_meta, their = _read(theirs[f"{kind}-{file_type}"])
+    assert ours_meta == their_meta
+    assert {n: t[:2] for n, t in ours.items()} == {n: t[:2] for n, t in their.items()}, "names, types, shapes"
+    assert [n for n in ours if ours[n][2] != their[n][2]] == [], "tensor bytes"
+    if kind == "phi3-longrope":
+        assert {"rope_factors_long.weight", "rope_factors_short.weight"} <= set(ours)
+        assert ours_meta["phi3.rope.dimension_count"] == 12, "3/4 of a 16-wide head rotates"
+    if kind == "phi3" and file_type == "Q4_K_M":
+        # llama.cpp's ATTENTION_QKV rule (Q5_K) is never reached: the attn_v rules take a fused qkv first
+        assert [ours[f"blk.{i}.attn_qkv.weight"][0] for i in (0, 1)] == ["Q4_K", "Q6_K"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_converts_and_llama_cpp_agrees_with_the_reference(kind: str, sources: dict[str, Path], mreg: Any) -> None:
+    doc = convert(mreg, sources[kind], "gguf:Q4_K_M", "m")
+    assert doc["verification"] == {"gguf": "passed"}
