@@ -70,6 +70,8 @@ def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], n
     config = json.loads(config_path.read_text(encoding="utf-8"))
     model = plan_model(config, load_weights(safetensors), name)
     vocab = load_vocab(directory, model.vocab_size)
+    if model.architecture in ("gemma2", "gemma3") and vocab.model == "llama":
+        vocab.add_space_prefix = False  # llama.cpp's converter says so for every Gemma SentencePiece model
     is_70b = model.architecture in ("llama", "qwen2") and model.n_layer == 80
     shapes = [(t.name, t.shape) for t in model.tensors]
     mix = MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b)

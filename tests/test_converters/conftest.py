@@ -79,8 +79,9 @@ def build_qwen3(dest: Path, *, hidden: int = 64, layers: int = 2, heads: int = 4
     return dest
 
 
-def build_spm_llama(dest: Path, **kw: Any) -> Path:
-    """A llama directory whose tokenizer is a SentencePiece tokenizer.model (Llama 2 style, byte fallback)."""
+def build_spm_llama(dest: Path, add_dummy_prefix: bool = True, **kw: Any) -> Path:
+    """A llama directory whose tokenizer is a SentencePiece tokenizer.model (Llama 2 style, byte fallback; Gemma's
+    without the dummy prefix)."""
     spm = pytest.importorskip("sentencepiece")
     import io
 
@@ -91,7 +92,7 @@ def build_spm_llama(dest: Path, **kw: Any) -> Path:
         sentence_iterator=iter(CORPUS * 20), model_writer=model, vocab_size=vocab, model_type="bpe",
         byte_fallback=True, character_coverage=1.0, normalization_rule_name="identity",
         remove_extra_whitespaces=False, split_digits=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-        hard_vocab_limit=False, minloglevel=2,
+        hard_vocab_limit=False, minloglevel=2, add_dummy_prefix=add_dummy_prefix,
     )
     (dest / "tokenizer.model").write_bytes(model.getvalue())
     (dest / "tokenizer.json").unlink()
@@ -110,19 +111,23 @@ def build_llama3_rope(dest: Path, **kw: Any) -> Path:
     return dest
 
 
-def build_with_transformers(dest: Path, kind: str, *, hidden: int = 64, spm: bool = True, **config: Any) -> Path:
+def build_with_transformers(dest: Path, kind: str, *, hidden: int = 64, layers: int = 2, spm: bool = True,
+                            **config: Any) -> Path:
     """A tiny random model of a family transformers defines (its own config class and initialization), saved as
     safetensors beside a tiny tokenizer (SentencePiece, or the llama directory's BPE); norm weights are random
     too, so that a convention such as Gemma's `1 + weight` shows in the logits."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
-    (build_spm_llama if spm else build_tiny_llama)(dest)
+    if spm:  # Gemma's SentencePiece models add no dummy prefix (llama.cpp's converter writes that down for them)
+        build_spm_llama(dest, add_dummy_prefix=not kind.startswith("gemma"))
+    else:
+        build_tiny_llama(dest)
     vocab = json.loads((dest / "config.json").read_text())["vocab_size"]
     for p in [*dest.glob("*.safetensors*"), dest / "config.json"]:
         p.unlink()
     classes = {"phi3": "Phi3Config", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig"}
-    cfg = getattr(transformers, classes[kind])(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=2,
+    cfg = getattr(transformers, classes[kind])(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                                                num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
                                                bos_token_id=1, eos_token_id=2, pad_token_id=None, **config)
     torch.manual_seed(0)
@@ -145,6 +150,15 @@ PHI3_LONGROPE = {"tie_word_embeddings": True, "max_position_embeddings": 256, "o
                                      "original_max_position_embeddings": 64}}
 
 
+#: Gemma 2: both soft-caps, a window of 4 on layer 0 (layer 1 is global), a query scale from query_pre_attn_scalar.
+GEMMA2 = {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 4, "attn_logit_softcapping": 50.0,
+          "final_logit_softcapping": 30.0}
+#: Gemma 3: six layers, so that the sixth is global (llama.cpp's fixed pattern), with its own rope base; q/k norms.
+GEMMA3 = {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 4, "layers": 6,
+          "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                              "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}}
+
+
 BUILDERS: dict[str, Callable[..., Path]] = {
     "llama": lambda d, **kw: build_tiny_llama(d, **kw),
     "qwen2": lambda d, **kw: build_tiny_llama(d, model_type="qwen2", **kw),
@@ -154,6 +168,8 @@ BUILDERS: dict[str, Callable[..., Path]] = {
     "llama3-rope": build_llama3_rope,
     "phi3": lambda d, **kw: build_with_transformers(d, "phi3", **{**PHI3, **kw}),
     "phi3-longrope": lambda d, **kw: build_with_transformers(d, "phi3", **{**PHI3_LONGROPE, **kw}),
+    "gemma2": lambda d, **kw: build_with_transformers(d, "gemma2", **{**GEMMA2, **kw}),
+    "gemma3": lambda d, **kw: build_with_transformers(d, "gemma3", **{**GEMMA3, **kw}),
 }
 
 

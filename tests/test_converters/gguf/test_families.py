@@ -1,4 +1,4 @@
-"""Phi-3 (and the families after it) against llama.cpp's own converter and quantizer on the same checkpoint.
+"""Phi-3, Gemma 2 and Gemma 3 (text) against llama.cpp's own converter and quantizer on the same checkpoint.
 
 Each tiny model is built once for the module with transformers' own config class; llama.cpp's
 `convert_hf_to_gguf.py` writes its F16 and F32 files in one process, and `llama_model_quantize` makes Q8_0 and
@@ -29,7 +29,7 @@ gguf = pytest.importorskip("gguf")
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
 
-KINDS = ["phi3", "phi3-longrope"]
+KINDS = ["phi3", "phi3-longrope", "gemma2", "gemma3"]
 TYPES = ["F16", "Q8_0", "Q4_K_M"]
 #: Keys that name the file rather than describe the model (mreg names it after the model in the store).
 NAMING = ("general.name", "general.size_label", "general.tags", "general.type", "general.basename",
@@ -107,6 +107,9 @@ def test_file_equals_llama_cpps(kind: str, file_type: str, sources: dict[str, Pa
     if kind == "phi3" and file_type == "Q4_K_M":
         # llama.cpp's ATTENTION_QKV rule (Q5_K) is never reached: the attn_v rules take a fused qkv first
         assert [ours[f"blk.{i}.attn_qkv.weight"][0] for i in (0, 1)] == ["Q4_K", "Q6_K"]
+    if kind.startswith("gemma"):
+        assert "output.weight" not in ours and ours_meta["tokenizer.ggml.add_space_prefix"] is False
+        assert ours_meta[f"{kind}.attention.sliding_window"] == 4
 
 
 @pytest.mark.parametrize("kind", KINDS)

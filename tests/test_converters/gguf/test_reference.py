@@ -50,6 +50,9 @@ def _assert_matches_transformers(directory: Path, ids: list[int] = IDS) -> float
         ("llama3-rope", {}),
         ("phi3", {"hidden": 64}),
         ("phi3-longrope", {}),
+        ("gemma2", {}),
+        ("gemma3", {}),
+        ("gemma3", {"final_logit_softcapping": 20.0, "layers": 2}),
     ],
 )
 def test_logits_equal_transformers(kind: str, kw: dict[str, Any], tiny_model: Callable[..., Path]) -> None:
