@@ -45,6 +45,8 @@ class MixParams:
     n_head: int
     n_head_kv: int
     is_70b: bool = False
+    #: Experts of a mixture (1 for a dense model): eight of them change several rules.
+    n_expert: int = 1
 
     @property
     def n_gqa(self) -> int:
@@ -72,7 +74,7 @@ def _sort_key(name: str) -> tuple[int, str]:
 
 def _quantizable(name: str, ndim: int) -> bool:
     """tensor_allows_quantization for the architectures this converter writes."""
-    return ndim >= 2 and name.endswith("weight") and "_norm.weight" not in name
+    return ndim >= 2 and name.endswith("weight") and "_norm.weight" not in name and "ffn_gate_inp.weight" not in name
 
 
 def _mixed(ftype: str, base: str, name: str, ncols: int, p: MixParams, tied: bool, counters: dict[str, int]) -> str:
@@ -88,7 +90,7 @@ def _mixed(ftype: str, base: str, name: str, ncols: int, p: MixParams, tied: boo
         counters["attn_v"] += 1
         new = base
         if ftype == "Q2_K":
-            new = "Q4_K" if p.n_gqa >= 4 else "Q3_K"
+            new = "Q4_K" if p.n_gqa >= 4 else "Q3_K"  # (n_expert >= 4 counts only for the IQ2 types)
         elif ftype == "Q3_K_M":
             new = "Q5_K" if i < 2 else "Q4_K"
         elif ftype in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n):
@@ -97,9 +99,12 @@ def _mixed(ftype: str, base: str, name: str, ncols: int, p: MixParams, tied: boo
             new = "Q5_K"
         if p.is_70b and new in ("Q3_K", "Q4_K"):
             new = "Q5_K"
-        return new
+        return "Q8_0" if p.n_expert == 8 else new
+    if "attn_k.weight" in name and p.n_expert == 8:
+        return "Q8_0"
     if "ffn_down" in name:
-        i, n = counters["ffn_down"], p.n_layer
+        # A mixture's ffn_down tensors are not one per layer in order: llama.cpp reads the layer from the name.
+        i, n = (counters["ffn_down"] if p.n_expert <= 1 else _layer(name)), p.n_layer
         counters["ffn_down"] += 1
         if ftype == "Q2_K":
             return "Q3_K"
@@ -111,6 +116,8 @@ def _mixed(ftype: str, base: str, name: str, ncols: int, p: MixParams, tied: boo
             return "Q5_K"
         return base
     if "attn_output.weight" in name:
+        if p.n_expert == 8:
+            return "Q5_K" if ftype in ("Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M") else base
         return {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K"}.get(ftype, base)
     return base
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -29,10 +30,13 @@ ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3moe",
     **families.FAMILIES,
 }
 DTYPES: dict[str, np.dtype[Any]] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 _SKIP = ("rotary_emb.inv_freq",)
+#: One expert's matrix of a mixture, as transformers saves them: stacked into one GGUF tensor per layer and kind.
+_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
 
 
 class UnsupportedModel(UsageError):
@@ -66,6 +70,8 @@ class TensorPlan:
     source_name: str = ""
     #: Added to every value as it is read (Gemma's norms are stored as `1 + weight`).
     shift: float = 0.0
+    #: A mixture's experts, one 2-D source each, stacked into this 3-D tensor (`source` is the first).
+    parts: tuple[SourceTensor, ...] = ()
 
     @property
     def ncols(self) -> int:
@@ -169,8 +175,17 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
     mapping = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), n_layer)
     tensors: list[TensorPlan] = []
     unknown: list[str] = []
+    experts: dict[str, dict[int, SourceTensor]] = {}
     for hf_name in sorted(weights, key=_hf_order):
         src = weights[hf_name]
+        expert = _EXPERT.fullmatch(hf_name)
+        if expert is not None:
+            merged = f"{expert[1]}.{expert[3]}.weight"
+            if merged not in experts:
+                experts[merged] = {}
+                tensors.append(TensorPlan(merged, (), src, source_name=merged))  # placeholder, in llama.cpp's order
+            experts[merged][int(expert[2])] = src
+            continue
         if hf_name.endswith(_SKIP) or (hf_name == "lm_head.weight" and (
                 config.get("tie_word_embeddings") or arch == "gemma2")):  # llama.cpp's gemma2 reuses token_embd
             continue
@@ -188,6 +203,8 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
         shape = src.shape if len(src.shape) > 1 else (src.shape[0],)
         tensors.append(TensorPlan(gg, shape, src, permute, source_name=hf_name,
                                   shift=families.norm_shift(arch, hf_name)))
+    tensors = [_stack(t, experts[t.name], mapping, n_expert=n_experts(config), dtypes=DTYPES)
+               if t.name in experts else t for t in tensors]
     if unknown:
         raise UnsupportedModel(f"{len(unknown)} tensors have no GGUF name for {arch}: {', '.join(unknown[:5])}",
                                hint="the checkpoint has parts this converter does not know (adapters, vision tower?)")
@@ -196,6 +213,30 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
     if "token_embd.weight" not in names:
         raise UnsupportedModel("the checkpoint has no token embedding (model.embed_tokens.weight)")
     return ModelPlan(arch, hf_arch, meta, tensors, n_layer, n_head, n_head_kv, vocab_size, config)
+
+
+def n_experts(config: dict[str, Any]) -> int:
+    """Experts per layer (1 for a dense model): `num_experts` as Qwen writes it, `num_local_experts` as
+    transformers 5 and Mixtral do."""
+    key = "num_experts" if config.get("num_experts") else "num_local_experts"
+    return _size(config, key) if config.get(key) else 1
+
+
+def _stack(placeholder: TensorPlan, parts: dict[int, SourceTensor], mapping: Any, n_expert: int,
+           dtypes: dict[str, Any]) -> TensorPlan:
+    """The 3-D GGUF tensor (experts, rows, columns) of one layer's expert matrices, or a refusal naming the gap."""
+    name = placeholder.name
+    gg = mapping.get_name(name, try_suffixes=(".weight",))
+    shapes = {tuple(p.shape) for p in parts.values()}
+    if gg is None or sorted(parts) != list(range(n_expert)) or len(shapes) != 1:
+        raise InconsistentModel(f"{name}: experts {sorted(parts)[:8]} of shapes {sorted(shapes)[:3]}, config.json says "
+                                f"{n_expert} experts of one shape", hint="the checkpoint is incomplete or damaged")
+    bad = sorted({p.dtype for p in parts.values()} - set(dtypes))
+    if bad:
+        raise UnsupportedModel(f"tensor {name} has dtype {bad[0]}", hint="supported: F32, F16, BF16")
+    (shape,) = shapes
+    ordered = tuple(parts[e] for e in range(n_expert))
+    return TensorPlan(gg, (n_expert, *shape), ordered[0], source_name=name, parts=ordered)
 
 
 def _metadata(arch: str, config: dict[str, Any], name: str,
@@ -226,6 +267,13 @@ def _metadata(arch: str, config: dict[str, Any], name: str,
         meta += [(f"{arch}.attention.key_length", n["head_dim"]), (f"{arch}.attention.value_length", n["head_dim"])]
     if arch == "llama":
         meta += [(f"{arch}.vocab_size", n["vocab_size"]), (f"{arch}.rope.dimension_count", n["head_dim"])]
+    if arch == "qwen3moe":
+        if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
+            raise UnsupportedModel("a Qwen3-MoE with dense layers (mlp_only_layers, decoder_sparse_step)",
+                                   hint="llama.cpp's qwen3moe has experts in every layer")
+        meta += [(f"{arch}.expert_count", n_experts(config)),
+                 (f"{arch}.expert_used_count", _size(config, "num_experts_per_tok")),
+                 (f"{arch}.expert_feed_forward_length", _size(config, "moe_intermediate_size"))]
     return meta, [] if rope_freqs is None else [("rope_freqs.weight", rope_freqs)]
 
 
@@ -329,13 +377,17 @@ class SafetensorsReader:
         """Rows [start, stop) of a tensor (2-D view: rows x ncols), llama's q/k head permutation applied."""
         if t.values is not None:
             return t.values.reshape(-1, t.ncols)[start:stop].astype(np.float32)
+        if t.parts:  # stacked experts: each expert's rows from its own tensor, one at a time
+            per = t.shape[-2]
+            pieces = []
+            for e in range(start // per, (stop - 1) // per + 1):
+                a, b = max(start, e * per) - e * per, min(stop, (e + 1) * per) - e * per
+                pieces.append(self._read(t.parts[e], a, b, t.ncols))
+            out = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+            return np.ascontiguousarray(out + np.float32(t.shift) if t.shift else out)
         src = t.source
         assert src is not None
-        dtype = DTYPES[src.dtype]
-        count = (stop - start) * t.ncols
-        raw = np.empty(count, dtype=dtype)
-        pread_exact(self.fd(src.path), raw, src.offset + start * t.ncols * dtype.itemsize)
-        out = widen(raw, src.dtype).reshape(stop - start, t.ncols)
+        out = self._read(src, start, stop, t.ncols)
         if t.permute_heads:
             head = t.nrows // t.permute_heads
             # HF stores each head's rotary halves apart; llama.cpp wants them interleaved.
@@ -343,6 +395,14 @@ class SafetensorsReader:
         if t.shift:
             out = out + np.float32(t.shift)
         return np.ascontiguousarray(out)
+
+    def _read(self, src: SourceTensor, start: int, stop: int, ncols: int) -> Floats:
+        """Rows [start, stop) of one source tensor as float32."""
+        dtype = DTYPES[src.dtype]
+        count = (stop - start) * ncols
+        raw = np.empty(count, dtype=dtype)
+        pread_exact(self.fd(src.path), raw, src.offset + start * ncols * dtype.itemsize)
+        return widen(raw, src.dtype).reshape(stop - start, ncols)
 
     def head_rows(self, t: TensorPlan) -> int:
         """Rows that must be read together (one attention head for permuted tensors)."""

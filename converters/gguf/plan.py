@@ -14,7 +14,7 @@ from typing import Any
 
 from converters.gguf.file import TensorInfo
 from converters.gguf.mix import FILE_TYPES, MixParams, TensorChoice, choose_types
-from converters.gguf.model import ModelPlan, UnsupportedModel, load_weights, plan_model
+from converters.gguf.model import ModelPlan, UnsupportedModel, load_weights, n_experts, plan_model
 from converters.gguf.quants.blocks import row_bytes
 from converters.gguf.vocab import Vocab, load_vocab
 
@@ -74,7 +74,8 @@ def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], n
         vocab.add_space_prefix = False  # llama.cpp's converter says so for every Gemma SentencePiece model
     is_70b = model.architecture in ("llama", "qwen2") and model.n_layer == 80
     shapes = [(t.name, t.shape) for t in model.tensors]
-    mix = MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b)
+    mix = MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b,
+                    n_expert=n_experts(model.config))
     out = []
     for file_type in file_types:
         choices = choose_types(file_type, shapes, mix)

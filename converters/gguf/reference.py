@@ -40,7 +40,7 @@ from registry.errors import MregError
 #: float32 elements of one weight block (4 MB): large enough that per-block overhead vanishes, small in memory.
 BLOCK_ELEMENTS = 1 << 20
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
-                 "Gemma2ForCausalLM", "Gemma3ForCausalLM")
+                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM")
 _GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
@@ -73,6 +73,10 @@ class Hyperparameters:
     #: Per layer: whether it attends within the sliding window (Gemma alternates), and their own rope.
     sliding: tuple[bool, ...] = ()
     local_rope: tuple[Floats, float] | None = None
+    #: A mixture of experts in every layer: how many, how many each token takes, whether their weights sum to 1.
+    experts: int = 0
+    experts_used: int = 0
+    norm_topk: bool = True
 
 
 def _llama3_inv_freq(inv: Floats, rope: dict[str, Any], max_pos: int) -> Floats:
@@ -179,6 +183,39 @@ def _sliding_layers(config: dict[str, Any], arch: str, layers: int) -> tuple[boo
     return tuple(bool((i + 1) % pattern) for i in range(layers))
 
 
+def _moe(config: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
+    """Qwen3-MoE's routing settings; a mixture with dense layers among its sparse ones is not implemented."""
+    if arch != "Qwen3MoeForCausalLM":
+        return {}
+    step = int(config.get("decoder_sparse_step") or 1)
+    dense = [i for i in range(layers) if i in (config.get("mlp_only_layers") or []) or (i + 1) % step]
+    if dense:
+        raise ReferenceUnsupported(f"dense layers {dense[:5]} in a mixture of experts")
+    return {"experts": int(config.get("num_experts") or config["num_local_experts"]),
+            "experts_used": int(config["num_experts_per_tok"]), "norm_topk": bool(config.get("norm_topk_prob", True))}
+
+
+def _experts(w: _Weights, s: Hyperparameters, pre: str, h: Floats) -> Floats:
+    """A softmax router picks each token's top experts; their SwiGLU outputs are summed, weighted by its
+    probabilities (renormalized over the chosen ones when norm_topk_prob); experts stream one at a time."""
+    (logits,) = w.linear(h, pre + "mlp.gate")
+    probs = softmax(logits.astype(np.float32))
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, :s.experts_used]
+    weights = np.take_along_axis(probs, top, axis=-1)
+    if s.norm_topk:
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    out = np.zeros_like(h)
+    for e in range(s.experts):
+        tokens, slot = np.nonzero(top == e)
+        if tokens.size == 0:
+            continue
+        name = f"{pre}mlp.experts.{e}."
+        gate, up = w.linear(h[tokens], name + "gate_proj", name + "up_proj")
+        (down,) = w.linear(_silu(gate) * up, name + "down_proj")
+        np.add.at(out, tokens, down * weights[tokens, slot][:, None])
+    return out
+
+
 def _hyperparameters(config: dict[str, Any], n: int) -> Hyperparameters:
     """The forward pass's view of config.json for an n-token prompt, or ReferenceUnsupported."""
     arch = (config.get("architectures") or ["?"])[0]
@@ -208,7 +245,6 @@ def _hyperparameters(config: dict[str, Any], n: int) -> Hyperparameters:
             kv_heads=int(config.get("num_key_value_heads") or heads),
             head_dim=head_dim,
             eps=float(config.get("rms_norm_eps", 1e-6)),
-            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
             tied=bool(config.get("tie_word_embeddings", gemma)),
             window=int(window) if gemma and window and n > int(window) else _window(config, arch, n),
             inv_freq=inv_freq,
@@ -221,6 +257,8 @@ def _hyperparameters(config: dict[str, Any], n: int) -> Hyperparameters:
             final_softcap=config.get("final_logit_softcapping") if gemma else None,
             sliding=_sliding_layers(config, arch, layers),
             local_rope=local,
+            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"),
+            **_moe(config, arch, layers),
         )
     except KeyError as e:
         raise ReferenceUnsupported(f"config.json lacks {e.args[0]}") from e
@@ -403,6 +441,8 @@ def _layer(w: _Weights, s: Hyperparameters, i: int, x: Floats, rope: Rope) -> Fl
         a = _norm(w, s, a, pre + "post_attention_layernorm.weight")
     x = x + a
     h = _norm(w, s, x, pre + ("pre_feedforward_layernorm.weight" if s.gemma else "post_attention_layernorm.weight"))
+    if s.experts:
+        return x + _experts(w, s, pre, h)
     if s.fused:
         (gate_up,) = w.linear(h, pre + "mlp.gate_up_proj")
         gate, up = np.split(gate_up, 2, axis=-1)

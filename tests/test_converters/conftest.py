@@ -122,11 +122,12 @@ def build_with_transformers(dest: Path, kind: str, *, hidden: int = 64, layers: 
     if spm:  # Gemma's SentencePiece models add no dummy prefix (llama.cpp's converter writes that down for them)
         build_spm_llama(dest, add_dummy_prefix=not kind.startswith("gemma"))
     else:
-        build_tiny_llama(dest)
+        build_tiny_llama(dest, model_type="qwen2")
     vocab = json.loads((dest / "config.json").read_text())["vocab_size"]
     for p in [*dest.glob("*.safetensors*"), dest / "config.json"]:
         p.unlink()
-    classes = {"phi3": "Phi3Config", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig"}
+    classes = {"phi3": "Phi3Config", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig",
+               "qwen3moe": "Qwen3MoeConfig"}
     cfg = getattr(transformers, classes[kind])(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                                                num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
                                                bos_token_id=1, eos_token_id=2, pad_token_id=None, **config)
@@ -159,6 +160,12 @@ GEMMA3 = {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 4, "lay
                               "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}}
 
 
+#: Qwen3-MoE: eight experts (llama.cpp's quantizer has rules for exactly eight), two per token, 256 wide so that
+#: K-quant blocks fit, the qwen2 BPE tokenizer.
+QWEN3MOE = {"hidden": 256, "spm": False, "head_dim": 64, "num_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 256, "norm_topk_prob": True}
+
+
 BUILDERS: dict[str, Callable[..., Path]] = {
     "llama": lambda d, **kw: build_tiny_llama(d, **kw),
     "qwen2": lambda d, **kw: build_tiny_llama(d, model_type="qwen2", **kw),
@@ -170,6 +177,7 @@ BUILDERS: dict[str, Callable[..., Path]] = {
     "phi3-longrope": lambda d, **kw: build_with_transformers(d, "phi3", **{**PHI3_LONGROPE, **kw}),
     "gemma2": lambda d, **kw: build_with_transformers(d, "gemma2", **{**GEMMA2, **kw}),
     "gemma3": lambda d, **kw: build_with_transformers(d, "gemma3", **{**GEMMA3, **kw}),
+    "qwen3moe": lambda d, **kw: build_with_transformers(d, "qwen3moe", **{**QWEN3MOE, **kw}),
 }
 
 

@@ -53,6 +53,9 @@ def _assert_matches_transformers(directory: Path, ids: list[int] = IDS) -> float
         ("gemma2", {}),
         ("gemma3", {}),
         ("gemma3", {"final_logit_softcapping": 20.0, "layers": 2}),
+        ("qwen3moe", {"hidden": 64, "head_dim": 16, "moe_intermediate_size": 32}),
+        ("qwen3moe", {"hidden": 64, "head_dim": 16, "moe_intermediate_size": 32, "norm_topk_prob": False,
+                      "num_experts": 4, "num_experts_per_tok": 3}),
     ],
 )
 def test_logits_equal_transformers(kind: str, kw: dict[str, Any], tiny_model: Callable[..., Path]) -> None:
