@@ -28,6 +28,7 @@ from registry.errors import IntegrityError, UsageError
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
+    "MixtralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3moe",
@@ -36,7 +37,8 @@ ARCHITECTURES = {
 DTYPES: dict[str, np.dtype[Any]] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 _SKIP = ("rotary_emb.inv_freq",)
 #: One expert's matrix of a mixture, as transformers saves them: stacked into one GGUF tensor per layer and kind.
-_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.(\d+)\."
+                     r"(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight")
 
 
 class UnsupportedModel(UsageError):
@@ -180,11 +182,13 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
         src = weights[hf_name]
         expert = _EXPERT.fullmatch(hf_name)
         if expert is not None:
-            merged = f"{expert[1]}.{expert[3]}.weight"
+            # The names llama.cpp's converter gives the stacked tensor before it maps them (Qwen's, Mixtral's)
+            merged = (f"model.layers.{expert[1]}.mlp.experts.{expert[4]}.weight" if expert[2] == "mlp"
+                      else f"layers.{expert[1]}.feed_forward.experts.{expert[4]}.weight")
             if merged not in experts:
                 experts[merged] = {}
                 tensors.append(TensorPlan(merged, (), src, source_name=merged))  # placeholder, in llama.cpp's order
-            experts[merged][int(expert[2])] = src
+            experts[merged][int(expert[3])] = src
             continue
         if hf_name.endswith(_SKIP) or (hf_name == "lm_head.weight" and (
                 config.get("tie_word_embeddings") or arch == "gemma2")):  # llama.cpp's gemma2 reuses token_embd
@@ -263,17 +267,18 @@ def _metadata(arch: str, config: dict[str, Any], name: str,
     ]
     rope_meta, rope_freqs = _rope_metadata(arch, config, n["head_dim"])
     meta += rope_meta
-    if "head_dim" in config:
+    if config.get("head_dim"):  # transformers 5 writes `"head_dim": null` for Mixtral; llama.cpp skips it
         meta += [(f"{arch}.attention.key_length", n["head_dim"]), (f"{arch}.attention.value_length", n["head_dim"])]
     if arch == "llama":
         meta += [(f"{arch}.vocab_size", n["vocab_size"]), (f"{arch}.rope.dimension_count", n["head_dim"])]
-    if arch == "qwen3moe":
-        if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
-            raise UnsupportedModel("a Qwen3-MoE with dense layers (mlp_only_layers, decoder_sparse_step)",
-                                   hint="llama.cpp's qwen3moe has experts in every layer")
+    if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
+        raise UnsupportedModel("a mixture of experts with dense layers (mlp_only_layers, decoder_sparse_step)",
+                               hint="llama.cpp's qwen3moe has experts in every layer")
+    if n_experts(config) > 1:
         meta += [(f"{arch}.expert_count", n_experts(config)),
-                 (f"{arch}.expert_used_count", _size(config, "num_experts_per_tok")),
-                 (f"{arch}.expert_feed_forward_length", _size(config, "moe_intermediate_size"))]
+                 (f"{arch}.expert_used_count", _size(config, "num_experts_per_tok"))]
+    if arch == "qwen3moe":
+        meta.append((f"{arch}.expert_feed_forward_length", _size(config, "moe_intermediate_size")))
     return meta, [] if rope_freqs is None else [("rope_freqs.weight", rope_freqs)]
 
 

@@ -40,7 +40,8 @@ from registry.errors import MregError
 #: float32 elements of one weight block (4 MB): large enough that per-block overhead vanishes, small in memory.
 BLOCK_ELEMENTS = 1 << 20
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
-                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM")
+                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM",
+                 "MixtralForCausalLM")
 _GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
@@ -77,6 +78,8 @@ class Hyperparameters:
     experts: int = 0
     experts_used: int = 0
     norm_topk: bool = True
+    #: Where a layer's mixture lives and its experts' gate, up and down matrices (Qwen's names, Mixtral's).
+    moe_names: tuple[str, str, str, str] = ("mlp.", "gate_proj", "up_proj", "down_proj")
 
 
 def _llama3_inv_freq(inv: Floats, rope: dict[str, Any], max_pos: int) -> Floats:
@@ -185,6 +188,9 @@ def _sliding_layers(config: dict[str, Any], arch: str, layers: int) -> tuple[boo
 
 def _moe(config: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
     """Qwen3-MoE's routing settings; a mixture with dense layers among its sparse ones is not implemented."""
+    if arch == "MixtralForCausalLM":  # Mixtral always renormalizes over the chosen experts
+        return {"experts": int(config["num_local_experts"]), "experts_used": int(config["num_experts_per_tok"]),
+                "norm_topk": True, "moe_names": ("block_sparse_moe.", "w1", "w3", "w2")}
     if arch != "Qwen3MoeForCausalLM":
         return {}
     step = int(config.get("decoder_sparse_step") or 1)
@@ -198,7 +204,8 @@ def _moe(config: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
 def _experts(w: _Weights, s: Hyperparameters, pre: str, h: Floats) -> Floats:
     """A softmax router picks each token's top experts; their SwiGLU outputs are summed, weighted by its
     probabilities (renormalized over the chosen ones when norm_topk_prob); experts stream one at a time."""
-    (logits,) = w.linear(h, pre + "mlp.gate")
+    block, gate_name, up_name, down_name = s.moe_names
+    (logits,) = w.linear(h, pre + block + "gate")
     probs = softmax(logits.astype(np.float32))
     top = np.argsort(-probs, axis=-1, kind="stable")[:, :s.experts_used]
     weights = np.take_along_axis(probs, top, axis=-1)
@@ -209,9 +216,9 @@ def _experts(w: _Weights, s: Hyperparameters, pre: str, h: Floats) -> Floats:
         tokens, slot = np.nonzero(top == e)
         if tokens.size == 0:
             continue
-        name = f"{pre}mlp.experts.{e}."
-        gate, up = w.linear(h[tokens], name + "gate_proj", name + "up_proj")
-        (down,) = w.linear(_silu(gate) * up, name + "down_proj")
+        name = f"{pre}{block}experts.{e}."
+        gate, up = w.linear(h[tokens], name + gate_name, name + up_name)
+        (down,) = w.linear(_silu(gate) * up, name + down_name)
         np.add.at(out, tokens, down * weights[tokens, slot][:, None])
     return out
 

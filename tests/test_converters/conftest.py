@@ -127,10 +127,11 @@ def build_with_transformers(dest: Path, kind: str, *, hidden: int = 64, layers: 
     for p in [*dest.glob("*.safetensors*"), dest / "config.json"]:
         p.unlink()
     classes = {"phi3": "Phi3Config", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig",
-               "qwen3moe": "Qwen3MoeConfig"}
+               "qwen3moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig"}
     cfg = getattr(transformers, classes[kind])(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                                               num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-                                               bos_token_id=1, eos_token_id=2, pad_token_id=None, **config)
+                                               num_attention_heads=4, num_key_value_heads=2,
+                                               bos_token_id=1, eos_token_id=2, pad_token_id=None,
+                                               **{"intermediate_size": 128, **config})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():
@@ -166,6 +167,10 @@ QWEN3MOE = {"hidden": 256, "spm": False, "head_dim": 64, "num_experts": 8, "num_
             "moe_intermediate_size": 256, "norm_topk_prob": True}
 
 
+#: Mixtral: four experts, two per token, Llama's SentencePiece tokenizer and q/k permutation (GGUF arch llama).
+MIXTRAL = {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64}
+
+
 BUILDERS: dict[str, Callable[..., Path]] = {
     "llama": lambda d, **kw: build_tiny_llama(d, **kw),
     "qwen2": lambda d, **kw: build_tiny_llama(d, model_type="qwen2", **kw),
@@ -178,6 +183,8 @@ BUILDERS: dict[str, Callable[..., Path]] = {
     "gemma2": lambda d, **kw: build_with_transformers(d, "gemma2", **{**GEMMA2, **kw}),
     "gemma3": lambda d, **kw: build_with_transformers(d, "gemma3", **{**GEMMA3, **kw}),
     "qwen3moe": lambda d, **kw: build_with_transformers(d, "qwen3moe", **{**QWEN3MOE, **kw}),
+    # Mixtral: four experts, two per token, Llama's SentencePiece tokenizer and q/k permutation
+    "mixtral": lambda d, **kw: build_with_transformers(d, "mixtral", **{**MIXTRAL, **kw}),
 }
 
 

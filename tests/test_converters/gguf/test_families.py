@@ -1,4 +1,4 @@
-"""Phi-3, Gemma 2, Gemma 3 (text) and Qwen3-MoE against llama.cpp's own converter and quantizer on the same checkpoint.
+"""Phi-3, Gemma 2, Gemma 3 (text), Qwen3-MoE and Mixtral against llama.cpp's converter and quantizer, same checkpoint.
 
 Each tiny model is built once for the module with transformers' own config class; llama.cpp's
 `convert_hf_to_gguf.py` writes its F16 and F32 files in one process, and `llama_model_quantize` makes Q8_0 and
@@ -29,7 +29,7 @@ gguf = pytest.importorskip("gguf")
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
 
-KINDS = ["phi3", "phi3-longrope", "gemma2", "gemma3", "qwen3moe"]
+KINDS = ["phi3", "phi3-longrope", "gemma2", "gemma3", "qwen3moe", "mixtral"]
 #: The tiny BPE tokenizer's check-text hash is in no table of llama.cpp's converter (it refuses it); for those the
 #: driver names the pre-tokenizer as mreg does (by its structure), and every other key and tensor is compared.
 PRE_NAMED = {"qwen3moe": "gpt-2"}
@@ -118,6 +118,9 @@ def test_file_equals_llama_cpps(kind: str, file_type: str, sources: dict[str, Pa
         assert ours["blk.0.ffn_gate_inp.weight"][0] == "F32", "the router is never quantized"
         if file_type == "Q4_K_M":
             assert ours["blk.0.attn_v.weight"][0] == "Q8_0" and ours["blk.0.attn_output.weight"][0] == "Q5_K"
+    if kind == "mixtral":
+        assert ours_meta["general.architecture"] == "llama" and ours_meta["llama.expert_count"] == 4
+        assert ours["blk.1.ffn_down_exps.weight"][1] == [64, 64, 4]
     if kind.startswith("gemma"):
         assert "output.weight" not in ours and ours_meta["tokenizer.ggml.add_space_prefix"] is False
         assert ours_meta[f"{kind}.attention.sliding_window"] == 4
