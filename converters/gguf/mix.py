@@ -131,15 +131,26 @@ def choose_types(ftype: str, tensors: Sequence[tuple[str, tuple[int, ...]]], par
     chosen: dict[str, TensorChoice] = {}
     for name, shape in sorted(tensors, key=lambda t: _sort_key(t[0])):
         ncols = shape[-1]
-        if not _quantizable(name, len(shape)):
+        # llama.cpp's quantizer counts ggml's dimensions: a (1, n) matrix (Qwen2-MoE's shared-expert gate) is 1-D
+        if not _quantizable(name, len(shape) if base in _FLOAT else len(ggml_shape(shape))):
             chosen[name] = TensorChoice(name, "F32")
             continue
         if base in _FLOAT:
-            chosen[name] = TensorChoice(name, base)
+            # llama.cpp's converter (which writes the float files) keeps a shared expert's gate in F32 too;
+            # its quantizer (which the other types follow) does quantize it.
+            chosen[name] = TensorChoice(name, "F32" if "ffn_gate_inp_shexp.weight" in name else base)
             continue
         new = _mixed(ftype, base, name, ncols, params, tied, counters)
         chosen[name] = _fit(name, new, ncols)
     return [chosen[name] for name, _ in tensors]
+
+
+def ggml_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape (HF order) as llama.cpp's quantizer writes it: leading dimensions of 1 dropped."""
+    i = 0
+    while i < len(shape) - 1 and shape[i] == 1:
+        i += 1
+    return shape[i:]
 
 
 def _fit(name: str, qtype: str, ncols: int) -> TensorChoice:

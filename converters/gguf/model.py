@@ -31,6 +31,7 @@ ARCHITECTURES = {
     "MixtralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen2MoeForCausalLM": "qwen2moe",
     "Qwen3MoeForCausalLM": "qwen3moe",
     **families.FAMILIES,
 }
@@ -277,8 +278,10 @@ def _metadata(arch: str, config: dict[str, Any], name: str,
     if n_experts(config) > 1:
         meta += [(f"{arch}.expert_count", n_experts(config)),
                  (f"{arch}.expert_used_count", _size(config, "num_experts_per_tok"))]
-    if arch == "qwen3moe":
+    if arch in ("qwen2moe", "qwen3moe"):
         meta.append((f"{arch}.expert_feed_forward_length", _size(config, "moe_intermediate_size")))
+    if arch == "qwen2moe" and config.get("shared_expert_intermediate_size") is not None:
+        meta.append((f"{arch}.expert_shared_feed_forward_length", _size(config, "shared_expert_intermediate_size")))
     return meta, [] if rope_freqs is None else [("rope_freqs.weight", rope_freqs)]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from converters.gguf.file import TensorInfo
-from converters.gguf.mix import FILE_TYPES, MixParams, TensorChoice, choose_types
+from converters.gguf.mix import FILE_TYPES, MixParams, TensorChoice, choose_types, ggml_shape
 from converters.gguf.model import ModelPlan, UnsupportedModel, load_weights, n_experts, plan_model
 from converters.gguf.quants.blocks import row_bytes
 from converters.gguf.vocab import Vocab, load_vocab
@@ -49,8 +49,11 @@ class GGUFPlan:
     metadata: list[tuple[str, Any]]
 
 
-def _tensor_infos(model: ModelPlan, choices: list[TensorChoice]) -> list[TensorInfo]:
-    return [TensorInfo(t.name, tuple(reversed(t.shape)), c.qtype, t.nrows * row_bytes(c.qtype, t.ncols))
+def _tensor_infos(model: ModelPlan, choices: list[TensorChoice], file_type: str) -> list[TensorInfo]:
+    """Each tensor's header entry; the quantized types' shapes as llama.cpp's quantizer writes them."""
+    quantized = FILE_TYPES[file_type][0] not in ("F32", "F16", "BF16")
+    return [TensorInfo(t.name, tuple(reversed(ggml_shape(t.shape) if quantized else t.shape)), c.qtype,
+                       t.nrows * row_bytes(c.qtype, t.ncols))
             for t, c in zip(model.tensors, choices, strict=True)]
 
 
@@ -81,5 +84,5 @@ def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], n
         choices = choose_types(file_type, shapes, mix)
         metadata = [*model.metadata[:3], ("general.file_type", FILE_TYPES[file_type][1]),
                     ("general.quantization_version", QUANTIZATION_VERSION), *model.metadata[3:], *vocab.metadata()]
-        out.append(GGUFPlan(file_type, model, vocab, choices, _tensor_infos(model, choices), metadata))
+        out.append(GGUFPlan(file_type, model, vocab, choices, _tensor_infos(model, choices, file_type), metadata))
     return out

@@ -41,7 +41,7 @@ from registry.errors import MregError
 BLOCK_ELEMENTS = 1 << 20
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
                  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM",
-                 "MixtralForCausalLM")
+                 "MixtralForCausalLM", "Qwen2MoeForCausalLM")
 _GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
@@ -191,14 +191,15 @@ def _moe(config: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
     if arch == "MixtralForCausalLM":  # Mixtral always renormalizes over the chosen experts
         return {"experts": int(config["num_local_experts"]), "experts_used": int(config["num_experts_per_tok"]),
                 "norm_topk": True, "moe_names": ("block_sparse_moe.", "w1", "w3", "w2")}
-    if arch != "Qwen3MoeForCausalLM":
+    if arch not in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
         return {}
     step = int(config.get("decoder_sparse_step") or 1)
     dense = [i for i in range(layers) if i in (config.get("mlp_only_layers") or []) or (i + 1) % step]
     if dense:
         raise ReferenceUnsupported(f"dense layers {dense[:5]} in a mixture of experts")
     return {"experts": int(config.get("num_experts") or config["num_local_experts"]),
-            "experts_used": int(config["num_experts_per_tok"]), "norm_topk": bool(config.get("norm_topk_prob", True))}
+            "experts_used": int(config["num_experts_per_tok"]),
+            "norm_topk": bool(config.get("norm_topk_prob", arch == "Qwen3MoeForCausalLM"))}
 
 
 def _experts(w: _Weights, s: Hyperparameters, pre: str, h: Floats) -> Floats:
@@ -220,6 +221,12 @@ def _experts(w: _Weights, s: Hyperparameters, pre: str, h: Floats) -> Floats:
         gate, up = w.linear(h[tokens], name + gate_name, name + up_name)
         (down,) = w.linear(_silu(gate) * up, name + down_name)
         np.add.at(out, tokens, down * weights[tokens, slot][:, None])
+    shared = f"{pre}mlp.shared_expert."
+    if shared + "gate_proj.weight" in w:  # Qwen2-MoE: an expert every token takes, behind a sigmoid gate
+        gate, up = w.linear(h, shared + "gate_proj", shared + "up_proj")
+        (down,) = w.linear(_silu(gate) * up, shared + "down_proj")
+        (g,) = w.linear(h, pre + "mlp.shared_expert_gate")
+        out = out + down / (1 + np.exp(-g))
     return out
 
 

@@ -127,7 +127,7 @@ def build_with_transformers(dest: Path, kind: str, *, hidden: int = 64, layers: 
     for p in [*dest.glob("*.safetensors*"), dest / "config.json"]:
         p.unlink()
     classes = {"phi3": "Phi3Config", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig",
-               "qwen3moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig"}
+               "qwen3moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig", "qwen2moe": "Qwen2MoeConfig"}
     cfg = getattr(transformers, classes[kind])(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                                                num_attention_heads=4, num_key_value_heads=2,
                                                bos_token_id=1, eos_token_id=2, pad_token_id=None,
@@ -171,6 +171,11 @@ QWEN3MOE = {"hidden": 256, "spm": False, "head_dim": 64, "num_experts": 8, "num_
 MIXTRAL = {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64}
 
 
+#: Qwen2-MoE (Qwen1.5-MoE's layout): four experts, two per token, a shared expert behind a sigmoid gate, q/k/v biases.
+QWEN2MOE = {"spm": False, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 64, "norm_topk_prob": False}
+
+
 BUILDERS: dict[str, Callable[..., Path]] = {
     "llama": lambda d, **kw: build_tiny_llama(d, **kw),
     "qwen2": lambda d, **kw: build_tiny_llama(d, model_type="qwen2", **kw),
@@ -185,6 +190,7 @@ BUILDERS: dict[str, Callable[..., Path]] = {
     "qwen3moe": lambda d, **kw: build_with_transformers(d, "qwen3moe", **{**QWEN3MOE, **kw}),
     # Mixtral: four experts, two per token, Llama's SentencePiece tokenizer and q/k permutation
     "mixtral": lambda d, **kw: build_with_transformers(d, "mixtral", **{**MIXTRAL, **kw}),
+    "qwen2moe": lambda d, **kw: build_with_transformers(d, "qwen2moe", **{**QWEN2MOE, **kw}),
 }
 
 

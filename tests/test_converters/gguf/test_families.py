@@ -1,4 +1,4 @@
-"""Phi-3, Gemma 2, Gemma 3 (text), Qwen3-MoE and Mixtral against llama.cpp's converter and quantizer, same checkpoint.
+"""Phi-3, Gemma 2/3, Qwen3-MoE, Qwen2-MoE and Mixtral against llama.cpp's converter and quantizer, same checkpoint.
 
 Each tiny model is built once for the module with transformers' own config class; llama.cpp's
 `convert_hf_to_gguf.py` writes its F16 and F32 files in one process, and `llama_model_quantize` makes Q8_0 and
@@ -29,10 +29,10 @@ gguf = pytest.importorskip("gguf")
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
 
-KINDS = ["phi3", "phi3-longrope", "gemma2", "gemma3", "qwen3moe", "mixtral"]
+KINDS = ["phi3", "phi3-longrope", "gemma2", "gemma3", "qwen3moe", "mixtral", "qwen2moe"]
 #: The tiny BPE tokenizer's check-text hash is in no table of llama.cpp's converter (it refuses it); for those the
 #: driver names the pre-tokenizer as mreg does (by its structure), and every other key and tensor is compared.
-PRE_NAMED = {"qwen3moe": "gpt-2"}
+PRE_NAMED = {"qwen3moe": "gpt-2", "qwen2moe": "gpt-2"}
 TYPES = ["F16", "Q8_0", "Q4_K_M"]
 #: Keys that name the file rather than describe the model (mreg names it after the model in the store).
 NAMING = ("general.name", "general.size_label", "general.tags", "general.type", "general.basename",
@@ -121,6 +121,10 @@ def test_file_equals_llama_cpps(kind: str, file_type: str, sources: dict[str, Pa
     if kind == "mixtral":
         assert ours_meta["general.architecture"] == "llama" and ours_meta["llama.expert_count"] == 4
         assert ours["blk.1.ffn_down_exps.weight"][1] == [64, 64, 4]
+    if kind == "qwen2moe":
+        shared_gate = ours["blk.0.ffn_gate_inp_shexp.weight"]
+        assert shared_gate[:2] == ("F32", [64, 1] if file_type == "F16" else [64]), "as converter / quantizer write it"
+        assert {"blk.0.ffn_up_shexp.weight", "blk.0.attn_q.bias"} <= set(ours)
     if kind.startswith("gemma"):
         assert "output.weight" not in ours and ours_meta["tokenizer.ggml.add_space_prefix"] is False
         assert ours_meta[f"{kind}.attention.sliding_window"] == 4

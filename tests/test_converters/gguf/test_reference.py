@@ -57,6 +57,8 @@ def _assert_matches_transformers(directory: Path, ids: list[int] = IDS) -> float
         ("qwen3moe", {"hidden": 64, "head_dim": 16, "moe_intermediate_size": 32, "norm_topk_prob": False,
                       "num_experts": 4, "num_experts_per_tok": 3}),
         ("mixtral", {}),
+        ("qwen2moe", {}),
+        ("qwen2moe", {"norm_topk_prob": True}),
     ],
 )
 def test_logits_equal_transformers(kind: str, kw: dict[str, Any], tiny_model: Callable[..., Path]) -> None:
