@@ -161,7 +161,9 @@ def _rope_metadata(arch: str, config: dict[str, Any], head_dim: int) -> tuple[li
 def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: str) -> ModelPlan:
     """Map an HF config and its weights onto GGUF names and metadata, or say what is unsupported.
 
-    One table read top to bottom (63 lines): each architecture's difference is a line or two in it.
+    Tensor names come from gguf's own map; what differs by architecture is the metadata (`_metadata`, and
+    converters/gguf/families.py for Phi-3 and Gemma), llama's q/k permutation, Gemma's norm shift and a
+    mixture's experts stacked into one 3-D tensor per layer and kind.
     """
     import gguf
 

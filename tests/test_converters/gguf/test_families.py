@@ -134,3 +134,49 @@ def test_file_equals_llama_cpps(kind: str, file_type: str, sources: dict[str, Pa
 def test_converts_and_llama_cpp_agrees_with_the_reference(kind: str, sources: dict[str, Path], mreg: Any) -> None:
     doc = convert(mreg, sources[kind], "gguf:Q4_K_M", "m")
     assert doc["verification"] == {"gguf": "passed"}
+
+
+def test_stacked_experts_are_read_one_expert_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of a 3-D expert tensor come from each expert's own source tensor, a chunk never more than asked: the
+    same values as stacking them whole, at every chunk boundary (within an expert and across two)."""
+    import numpy as np
+    from test_converters.conftest import BUILDERS
+
+    from converters.gguf import model as gguf_model
+
+    src = BUILDERS["mixtral"](tmp_path / "mixtral", intermediate_size=8)
+    p = plan(src, sorted(src.glob("*.safetensors")), "F32", "m")
+    (t,) = [t for t in p.model.tensors if t.name == "blk.0.ffn_gate_exps.weight"]
+    assert t.shape == (4, 8, 64) and len(t.parts) == 4
+    reads: list[tuple[str, int, int]] = []
+    real = gguf_model.SafetensorsReader._read
+
+    def spy(self: Any, source: Any, start: int, stop: int, ncols: int) -> Any:
+        reads.append((str(source.offset), start, stop))
+        return real(self, source, start, stop, ncols)
+
+    monkeypatch.setattr(gguf_model.SafetensorsReader, "_read", spy)
+    reader = SafetensorsReader()
+    try:
+        whole = np.concatenate([reader._read(part, 0, 8, 64) for part in t.parts])
+        reads.clear()
+        for start, stop in [(0, 3), (3, 13), (13, 32)]:
+            np.testing.assert_array_equal(reader.rows(t, start, stop), whole[start:stop])
+    finally:
+        reader.close()
+    assert max(stop - start for _, start, stop in reads) <= 8, "never more than one expert's rows in one read"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"num_local_experts": 5}, "config.json says 5 experts"),
+    ({"architectures": ["DeepseekV3ForCausalLM"]}, "DeepseekV3ForCausalLM is not supported"),
+])
+def test_a_mixture_that_does_not_fit_is_refused_before_output(change: dict[str, Any], message: str, tmp_path: Path,
+                                                            mreg: Any) -> None:
+    from support.tiny_models import rewrite_config
+    from test_converters.conftest import BUILDERS
+
+    src = rewrite_config(BUILDERS["mixtral"](tmp_path / "mixtral"), **change)
+    r = mreg("convert", src, "--to", "gguf:Q8_0", "--name", "m", "--json")
+    assert r.exit_code in (2, 4) and message in r.json["error"]["message"], r.json
+    assert "Qwen3MoeForCausalLM" in r.stderr or r.exit_code == 4, "an unknown architecture's hint lists the supported"
