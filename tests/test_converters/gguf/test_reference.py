@@ -53,6 +53,8 @@ def _assert_matches_transformers(directory: Path, ids: list[int] = IDS) -> float
         ("gemma2", {}),
         ("gemma3", {}),
         ("gemma3", {"final_logit_softcapping": 20.0, "layers": 2}),
+        ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}),
         ("qwen3moe", {"hidden": 64, "head_dim": 16, "moe_intermediate_size": 32}),
         ("qwen3moe", {"hidden": 64, "head_dim": 16, "moe_intermediate_size": 32, "norm_topk_prob": False,
                       "num_experts": 4, "num_experts_per_tok": 3}),
