@@ -29,7 +29,7 @@ gguf = pytest.importorskip("gguf")
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
 
-KINDS = ["phi3", "phi3-longrope", "gemma2", "gemma3", "qwen3moe", "mixtral", "qwen2moe"]
+KINDS = ["phi3", "phi3-longrope", "phi3-vocab", "gemma2", "gemma3", "qwen3moe", "mixtral", "qwen2moe"]
 #: The tiny BPE tokenizer's check-text hash is in no table of llama.cpp's converter (it refuses it); for those the
 #: driver names the pre-tokenizer as mreg does (by its structure), and every other key and tensor is compared.
 PRE_NAMED = {"qwen3moe": "gpt-2", "qwen2moe": "gpt-2"}
@@ -53,12 +53,30 @@ for src, out, outtype, pre in json.loads(sys.argv[1]):
 """
 
 
+def _real_phi3_vocab(root: Path, dest: Path) -> Path:
+    """A tiny Phi-3 carrying Phi-3's real tokenizer (llama.cpp's ggml-vocab-phi-3: SentencePiece, 32064 ids with
+    the added chat tokens), which llama.cpp's Phi-3 converter reads its own way (not _set_vocab_sentencepiece)."""
+    import torch
+    import transformers
+    from support.llama_cpp_source import read_vocab, write_tokenizer
+
+    v = read_vocab(root, "phi-3")
+    cfg = transformers.Phi3Config(vocab_size=v.size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=128, pad_token_id=None, bos_token_id=v.bos,
+                                  eos_token_id=v.eos)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(dest)
+    write_tokenizer(v, dest)
+    return dest
+
+
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def sources(llama_cpp_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from test_converters.conftest import BUILDERS
 
     base = tmp_path_factory.mktemp("families")
-    return {kind: BUILDERS[kind](base / kind) for kind in KINDS}
+    return {kind: _real_phi3_vocab(llama_cpp_root, base / kind) if kind == "phi3-vocab" else BUILDERS[kind](base / kind)
+            for kind in KINDS}
 
 
 @pytest.fixture(scope="module")
