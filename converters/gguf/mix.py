@@ -45,6 +45,8 @@ class MixParams:
     n_head: int
     n_head_kv: int
     is_70b: bool = False
+    #: Experts of a mixture (1 for a dense model): eight of them change several rules.
+    n_expert: int = 1
 
     @property
     def n_gqa(self) -> int:
@@ -60,6 +62,11 @@ def _layer(name: str) -> int:
     return int(name.split(".")[1]) if name.startswith("blk.") else -1
 
 
+def _attn_v_like(name: str) -> bool:
+    """category_is_attn_v: a fused qkv matrix (Phi-3) takes attn_v's rules and counts as one."""
+    return "attn_v.weight" in name or "attn_qkv.weight" in name
+
+
 def _sort_key(name: str) -> tuple[int, str]:
     """llama.cpp's weights_map order: by layer number (non-layer tensors first), then by name."""
     return (_layer(name), name)
@@ -67,7 +74,7 @@ def _sort_key(name: str) -> tuple[int, str]:
 
 def _quantizable(name: str, ndim: int) -> bool:
     """tensor_allows_quantization for the architectures this converter writes."""
-    return ndim >= 2 and name.endswith("weight") and "_norm.weight" not in name
+    return ndim >= 2 and name.endswith("weight") and "_norm.weight" not in name and "ffn_gate_inp.weight" not in name
 
 
 def _mixed(ftype: str, base: str, name: str, ncols: int, p: MixParams, tied: bool, counters: dict[str, int]) -> str:
@@ -78,12 +85,12 @@ def _mixed(ftype: str, base: str, name: str, ncols: int, p: MixParams, tied: boo
         return base if base == "Q8_0" else "Q6_K"
     if name == "token_embd.weight":
         return base
-    if "attn_v.weight" in name:
+    if _attn_v_like(name):
         i, n = counters["attn_v"], counters["n_attn_v"]
         counters["attn_v"] += 1
         new = base
         if ftype == "Q2_K":
-            new = "Q4_K" if p.n_gqa >= 4 else "Q3_K"
+            new = "Q4_K" if p.n_gqa >= 4 else "Q3_K"  # (n_expert >= 4 counts only for the IQ2 types)
         elif ftype == "Q3_K_M":
             new = "Q5_K" if i < 2 else "Q4_K"
         elif ftype in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n):
@@ -92,9 +99,12 @@ def _mixed(ftype: str, base: str, name: str, ncols: int, p: MixParams, tied: boo
             new = "Q5_K"
         if p.is_70b and new in ("Q3_K", "Q4_K"):
             new = "Q5_K"
-        return new
+        return "Q8_0" if p.n_expert == 8 else new
+    if "attn_k.weight" in name and p.n_expert == 8:
+        return "Q8_0"
     if "ffn_down" in name:
-        i, n = counters["ffn_down"], p.n_layer
+        # A mixture's ffn_down tensors are not one per layer in order: llama.cpp reads the layer from the name.
+        i, n = (counters["ffn_down"] if p.n_expert <= 1 else _layer(name)), p.n_layer
         counters["ffn_down"] += 1
         if ftype == "Q2_K":
             return "Q3_K"
@@ -106,6 +116,8 @@ def _mixed(ftype: str, base: str, name: str, ncols: int, p: MixParams, tied: boo
             return "Q5_K"
         return base
     if "attn_output.weight" in name:
+        if p.n_expert == 8:
+            return "Q5_K" if ftype in ("Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M") else base
         return {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K"}.get(ftype, base)
     return base
 
@@ -115,19 +127,30 @@ def choose_types(ftype: str, tensors: Sequence[tuple[str, tuple[int, ...]]], par
     base = FILE_TYPES[ftype][0]
     names = {name for name, _ in tensors}
     tied = "output.weight" not in names
-    counters = {"attn_v": 0, "ffn_down": 0, "n_attn_v": sum("attn_v.weight" in n for n in names)}
+    counters = {"attn_v": 0, "ffn_down": 0, "n_attn_v": sum(_attn_v_like(n) for n in names)}
     chosen: dict[str, TensorChoice] = {}
     for name, shape in sorted(tensors, key=lambda t: _sort_key(t[0])):
         ncols = shape[-1]
-        if not _quantizable(name, len(shape)):
+        # llama.cpp's quantizer counts ggml's dimensions: a (1, n) matrix (Qwen2-MoE's shared-expert gate) is 1-D
+        if not _quantizable(name, len(shape) if base in _FLOAT else len(ggml_shape(shape))):
             chosen[name] = TensorChoice(name, "F32")
             continue
         if base in _FLOAT:
-            chosen[name] = TensorChoice(name, base)
+            # llama.cpp's converter (which writes the float files) keeps a shared expert's gate in F32 too;
+            # its quantizer (which the other types follow) does quantize it.
+            chosen[name] = TensorChoice(name, "F32" if "ffn_gate_inp_shexp.weight" in name else base)
             continue
         new = _mixed(ftype, base, name, ncols, params, tied, counters)
         chosen[name] = _fit(name, new, ncols)
     return [chosen[name] for name, _ in tensors]
+
+
+def ggml_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape (HF order) as llama.cpp's quantizer writes it: leading dimensions of 1 dropped."""
+    i = 0
+    while i < len(shape) - 1 and shape[i] == 1:
+        i += 1
+    return shape[i:]
 
 
 def _fit(name: str, qtype: str, ncols: int) -> TensorChoice:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from converters.gguf import families
 from converters.gguf.quants.blocks import Floats
 from registry.convert.safetensors import read_header, read_into
 from registry.errors import IntegrityError, UsageError
@@ -26,11 +28,18 @@ from registry.errors import IntegrityError, UsageError
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
+    "MixtralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen2MoeForCausalLM": "qwen2moe",
+    "Qwen3MoeForCausalLM": "qwen3moe",
+    **families.FAMILIES,
 }
 DTYPES: dict[str, np.dtype[Any]] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 _SKIP = ("rotary_emb.inv_freq",)
+#: One expert's matrix of a mixture, as transformers saves them: stacked into one GGUF tensor per layer and kind.
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.(\d+)\."
+                     r"(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight")
 
 
 class UnsupportedModel(UsageError):
@@ -62,6 +71,10 @@ class TensorPlan:
     values: Floats | None = None
     #: The tensor's name in the safetensors source (none for values mreg computes).
     source_name: str = ""
+    #: Added to every value as it is read (Gemma's norms are stored as `1 + weight`).
+    shift: float = 0.0
+    #: A mixture's experts, one 2-D source each, stacked into this 3-D tensor (`source` is the first).
+    parts: tuple[SourceTensor, ...] = ()
 
     @property
     def ncols(self) -> int:
@@ -148,7 +161,9 @@ def _rope_metadata(arch: str, config: dict[str, Any], head_dim: int) -> tuple[li
 def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: str) -> ModelPlan:
     """Map an HF config and its weights onto GGUF names and metadata, or say what is unsupported.
 
-    One table read top to bottom (63 lines): each architecture's difference is a line or two in it.
+    Tensor names come from gguf's own map; what differs by architecture is the metadata (`_metadata`, and
+    converters/gguf/families.py for Phi-3 and Gemma), llama's q/k permutation, Gemma's norm shift and a
+    mixture's experts stacked into one 3-D tensor per layer and kind.
     """
     import gguf
 
@@ -160,27 +175,26 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
     n_layer, n_embd, n_head, n_head_kv, n_ff, vocab_size, head_dim = _sizes(config)
     check_shapes(weights, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
                  vocab_size=vocab_size, head_dim=head_dim)
-    meta: list[tuple[str, Any]] = [
-        ("general.architecture", arch), ("general.type", "model"), ("general.name", name),
-        (f"{arch}.block_count", n_layer),
-        (f"{arch}.context_length", _size(config, "max_position_embeddings", 4096)),
-        (f"{arch}.embedding_length", n_embd), (f"{arch}.feed_forward_length", n_ff),
-        (f"{arch}.attention.head_count", n_head), (f"{arch}.attention.head_count_kv", n_head_kv),
-        (f"{arch}.attention.layer_norm_rms_epsilon", _number(config, "rms_norm_eps", 1e-6)),
-    ]
-    rope_meta, rope_freqs = _rope_metadata(arch, config, head_dim)
-    meta += rope_meta
-    if "head_dim" in config:
-        meta += [(f"{arch}.attention.key_length", head_dim), (f"{arch}.attention.value_length", head_dim)]
-    if arch == "llama":
-        meta += [(f"{arch}.vocab_size", vocab_size), (f"{arch}.rope.dimension_count", head_dim)]
-
+    meta, extra = _metadata(arch, config, name, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                            n_ff=n_ff, vocab_size=vocab_size, head_dim=head_dim)
     mapping = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), n_layer)
     tensors: list[TensorPlan] = []
     unknown: list[str] = []
+    experts: dict[str, dict[int, SourceTensor]] = {}
     for hf_name in sorted(weights, key=_hf_order):
         src = weights[hf_name]
-        if hf_name.endswith(_SKIP) or (hf_name == "lm_head.weight" and config.get("tie_word_embeddings")):
+        expert = _EXPERT.fullmatch(hf_name)
+        if expert is not None:
+            # The names llama.cpp's converter gives the stacked tensor before it maps them (Qwen's, Mixtral's)
+            merged = (f"model.layers.{expert[1]}.mlp.experts.{expert[4]}.weight" if expert[2] == "mlp"
+                      else f"layers.{expert[1]}.feed_forward.experts.{expert[4]}.weight")
+            if merged not in experts:
+                experts[merged] = {}
+                tensors.append(TensorPlan(merged, (), src, source_name=merged))  # placeholder, in llama.cpp's order
+            experts[merged][int(expert[3])] = src
+            continue
+        if hf_name.endswith(_SKIP) or (hf_name == "lm_head.weight" and (
+                config.get("tie_word_embeddings") or arch == "gemma2")):  # llama.cpp's gemma2 reuses token_embd
             continue
         gg = mapping.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if gg is None:
@@ -194,16 +208,83 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
         elif arch == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
             permute = n_head_kv
         shape = src.shape if len(src.shape) > 1 else (src.shape[0],)
-        tensors.append(TensorPlan(gg, shape, src, permute, source_name=hf_name))
+        tensors.append(TensorPlan(gg, shape, src, permute, source_name=hf_name,
+                                  shift=families.norm_shift(arch, hf_name)))
+    tensors = [_stack(t, experts[t.name], mapping, n_expert=n_experts(config), dtypes=DTYPES)
+               if t.name in experts else t for t in tensors]
     if unknown:
         raise UnsupportedModel(f"{len(unknown)} tensors have no GGUF name for {arch}: {', '.join(unknown[:5])}",
                                hint="the checkpoint has parts this converter does not know (adapters, vision tower?)")
-    if rope_freqs is not None:
-        tensors.insert(0, TensorPlan("rope_freqs.weight", (len(rope_freqs),), None, values=rope_freqs))
+    tensors[:0] = [TensorPlan(gg, (len(values),), None, values=values) for gg, values in extra]
     names = {t.name for t in tensors}
     if "token_embd.weight" not in names:
         raise UnsupportedModel("the checkpoint has no token embedding (model.embed_tokens.weight)")
     return ModelPlan(arch, hf_arch, meta, tensors, n_layer, n_head, n_head_kv, vocab_size, config)
+
+
+def n_experts(config: dict[str, Any]) -> int:
+    """Experts per layer (1 for a dense model): `num_experts` as Qwen writes it, `num_local_experts` as
+    transformers 5 and Mixtral do."""
+    key = "num_experts" if config.get("num_experts") else "num_local_experts"
+    return _size(config, key) if config.get(key) else 1
+
+
+def _stack(placeholder: TensorPlan, parts: dict[int, SourceTensor], mapping: Any, n_expert: int,
+           dtypes: dict[str, Any]) -> TensorPlan:
+    """The 3-D GGUF tensor (experts, rows, columns) of one layer's expert matrices, or a refusal naming the gap."""
+    name = placeholder.name
+    gg = mapping.get_name(name, try_suffixes=(".weight",))
+    shapes = {tuple(p.shape) for p in parts.values()}
+    if gg is None or sorted(parts) != list(range(n_expert)) or len(shapes) != 1:
+        raise InconsistentModel(f"{name}: experts {sorted(parts)[:8]} of shapes {sorted(shapes)[:3]}, config.json says "
+                                f"{n_expert} experts of one shape", hint="the checkpoint is incomplete or damaged")
+    bad = sorted({p.dtype for p in parts.values()} - set(dtypes))
+    if bad:
+        raise UnsupportedModel(f"tensor {name} has dtype {bad[0]}", hint="supported: F32, F16, BF16")
+    (shape,) = shapes
+    ordered = tuple(parts[e] for e in range(n_expert))
+    return TensorPlan(gg, (n_expert, *shape), ordered[0], source_name=name, parts=ordered)
+
+
+def _metadata(arch: str, config: dict[str, Any], name: str,
+              **n: int) -> tuple[list[tuple[str, Any]], list[tuple[str, Floats]]]:
+    """The header's general.* and {arch}.* keys, and the tensors computed from config (rope factors)."""
+    meta: list[tuple[str, Any]] = [("general.architecture", arch), ("general.type", "model"), ("general.name", name)]
+    eps = _number(config, "rms_norm_eps", 1e-6)
+    n["context"] = _size(config, "max_position_embeddings", 4096)
+    try:
+        if arch == "phi3":
+            more, extra = families.phi3(config, n, eps)
+            return meta + more, extra
+        if arch == "gemma2":
+            return meta + families.gemma2(config, n, eps), []
+        if arch == "gemma3":
+            return meta + families.gemma3(config, n, eps), []
+    except (KeyError, TypeError, ValueError) as e:
+        raise UnsupportedModel(f"config.json of {arch}: {e}", hint="llama.cpp cannot read this model either") from e
+    meta += [
+        (f"{arch}.block_count", n["n_layer"]), (f"{arch}.context_length", n["context"]),
+        (f"{arch}.embedding_length", n["n_embd"]), (f"{arch}.feed_forward_length", n["n_ff"]),
+        (f"{arch}.attention.head_count", n["n_head"]), (f"{arch}.attention.head_count_kv", n["n_head_kv"]),
+        (f"{arch}.attention.layer_norm_rms_epsilon", eps),
+    ]
+    rope_meta, rope_freqs = _rope_metadata(arch, config, n["head_dim"])
+    meta += rope_meta
+    if config.get("head_dim"):  # transformers 5 writes `"head_dim": null` for Mixtral; llama.cpp skips it
+        meta += [(f"{arch}.attention.key_length", n["head_dim"]), (f"{arch}.attention.value_length", n["head_dim"])]
+    if arch == "llama":
+        meta += [(f"{arch}.vocab_size", n["vocab_size"]), (f"{arch}.rope.dimension_count", n["head_dim"])]
+    if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
+        raise UnsupportedModel("a mixture of experts with dense layers (mlp_only_layers, decoder_sparse_step)",
+                               hint="llama.cpp's qwen3moe has experts in every layer")
+    if n_experts(config) > 1:
+        meta += [(f"{arch}.expert_count", n_experts(config)),
+                 (f"{arch}.expert_used_count", _size(config, "num_experts_per_tok"))]
+    if arch in ("qwen2moe", "qwen3moe"):
+        meta.append((f"{arch}.expert_feed_forward_length", _size(config, "moe_intermediate_size")))
+    if arch == "qwen2moe" and config.get("shared_expert_intermediate_size") is not None:
+        meta.append((f"{arch}.expert_shared_feed_forward_length", _size(config, "shared_expert_intermediate_size")))
+    return meta, [] if rope_freqs is None else [("rope_freqs.weight", rope_freqs)]
 
 
 #: Largest size mreg plans for (2^31): what the config says is checked against the weights, but a number
@@ -260,7 +341,9 @@ def check_shapes(weights: dict[str, SourceTensor], **sizes: int) -> None:
                 "self_attn.q_proj.weight": (q_rows, sizes["n_embd"]),
                 "self_attn.k_proj.weight": (kv_rows, sizes["n_embd"]),
                 "self_attn.v_proj.weight": (kv_rows, sizes["n_embd"]),
-                "mlp.gate_proj.weight": (sizes["n_ff"], sizes["n_embd"])}
+                "mlp.gate_proj.weight": (sizes["n_ff"], sizes["n_embd"]),
+                "self_attn.qkv_proj.weight": (q_rows + 2 * kv_rows, sizes["n_embd"]),
+                "mlp.gate_up_proj.weight": (2 * sizes["n_ff"], sizes["n_embd"])}
     for name, tensor in weights.items():
         want = next((s for suffix, s in expected.items() if name.endswith(suffix)), None)
         if want is not None and tuple(tensor.shape) != want:
@@ -304,18 +387,32 @@ class SafetensorsReader:
         """Rows [start, stop) of a tensor (2-D view: rows x ncols), llama's q/k head permutation applied."""
         if t.values is not None:
             return t.values.reshape(-1, t.ncols)[start:stop].astype(np.float32)
+        if t.parts:  # stacked experts: each expert's rows from its own tensor, one at a time
+            per = t.shape[-2]
+            pieces = []
+            for e in range(start // per, (stop - 1) // per + 1):
+                a, b = max(start, e * per) - e * per, min(stop, (e + 1) * per) - e * per
+                pieces.append(self._read(t.parts[e], a, b, t.ncols))
+            out = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+            return np.ascontiguousarray(out + np.float32(t.shift) if t.shift else out)
         src = t.source
         assert src is not None
-        dtype = DTYPES[src.dtype]
-        count = (stop - start) * t.ncols
-        raw = np.empty(count, dtype=dtype)
-        pread_exact(self.fd(src.path), raw, src.offset + start * t.ncols * dtype.itemsize)
-        out = widen(raw, src.dtype).reshape(stop - start, t.ncols)
+        out = self._read(src, start, stop, t.ncols)
         if t.permute_heads:
             head = t.nrows // t.permute_heads
             # HF stores each head's rotary halves apart; llama.cpp wants them interleaved.
             out = out.reshape(-1, 2, head // 2, t.ncols).swapaxes(1, 2).reshape(stop - start, t.ncols)
+        if t.shift:
+            out = out + np.float32(t.shift)
         return np.ascontiguousarray(out)
+
+    def _read(self, src: SourceTensor, start: int, stop: int, ncols: int) -> Floats:
+        """Rows [start, stop) of one source tensor as float32."""
+        dtype = DTYPES[src.dtype]
+        count = (stop - start) * ncols
+        raw = np.empty(count, dtype=dtype)
+        pread_exact(self.fd(src.path), raw, src.offset + start * ncols * dtype.itemsize)
+        return widen(raw, src.dtype).reshape(stop - start, ncols)
 
     def head_rows(self, t: TensorPlan) -> int:
         """Rows that must be read together (one attention head for permuted tensors)."""

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from converters.gguf.file import TensorInfo
-from converters.gguf.mix import FILE_TYPES, MixParams, TensorChoice, choose_types
-from converters.gguf.model import ModelPlan, UnsupportedModel, load_weights, plan_model
+from converters.gguf.mix import FILE_TYPES, MixParams, TensorChoice, choose_types, ggml_shape
+from converters.gguf.model import ModelPlan, UnsupportedModel, load_weights, n_experts, plan_model
 from converters.gguf.quants.blocks import row_bytes
 from converters.gguf.vocab import Vocab, load_vocab
 
@@ -49,8 +49,11 @@ class GGUFPlan:
     metadata: list[tuple[str, Any]]
 
 
-def _tensor_infos(model: ModelPlan, choices: list[TensorChoice]) -> list[TensorInfo]:
-    return [TensorInfo(t.name, tuple(reversed(t.shape)), c.qtype, t.nrows * row_bytes(c.qtype, t.ncols))
+def _tensor_infos(model: ModelPlan, choices: list[TensorChoice], file_type: str) -> list[TensorInfo]:
+    """Each tensor's header entry; the quantized types' shapes as llama.cpp's quantizer writes them."""
+    quantized = FILE_TYPES[file_type][0] not in ("F32", "F16", "BF16")
+    return [TensorInfo(t.name, tuple(reversed(ggml_shape(t.shape) if quantized else t.shape)), c.qtype,
+                       t.nrows * row_bytes(c.qtype, t.ncols))
             for t, c in zip(model.tensors, choices, strict=True)]
 
 
@@ -70,13 +73,16 @@ def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], n
     config = json.loads(config_path.read_text(encoding="utf-8"))
     model = plan_model(config, load_weights(safetensors), name)
     vocab = load_vocab(directory, model.vocab_size)
+    if model.architecture in ("gemma2", "gemma3") and vocab.model == "llama":
+        vocab.add_space_prefix = False  # llama.cpp's converter says so for every Gemma SentencePiece model
     is_70b = model.architecture in ("llama", "qwen2") and model.n_layer == 80
     shapes = [(t.name, t.shape) for t in model.tensors]
-    mix = MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b)
+    mix = MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b,
+                    n_expert=n_experts(model.config))
     out = []
     for file_type in file_types:
         choices = choose_types(file_type, shapes, mix)
         metadata = [*model.metadata[:3], ("general.file_type", FILE_TYPES[file_type][1]),
                     ("general.quantization_version", QUANTIZATION_VERSION), *model.metadata[3:], *vocab.metadata()]
-        out.append(GGUFPlan(file_type, model, vocab, choices, _tensor_infos(model, choices), metadata))
+        out.append(GGUFPlan(file_type, model, vocab, choices, _tensor_infos(model, choices, file_type), metadata))
     return out

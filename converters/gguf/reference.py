@@ -6,8 +6,8 @@ buffers each worker thread reuses, widened to float32 and multiplied, so residen
 activations plus two blocks a thread whatever the model size. Blocks run in a thread pool (pread,
 numpy's widening and matmul release the GIL), so BLAS itself should run one thread
 (OPENBLAS_NUM_THREADS=1: two levels of threads on the same cores make OpenBLAS many times slower).
-The arithmetic is that of transformers' Llama, Mistral, Qwen2 and Qwen3 modules in float32, and the
-tests hold the two equal to float32 rounding.
+The arithmetic is that of transformers' Llama, Mistral, Qwen2, Qwen3, Phi3, Gemma2 and Gemma3 (text)
+modules in float32, and the tests hold the two equal to float32 rounding.
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ from registry.errors import MregError
 
 #: float32 elements of one weight block (4 MB): large enough that per-block overhead vanishes, small in memory.
 BLOCK_ELEMENTS = 1 << 20
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
+                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM",
+                 "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+_GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
 class ReferenceUnsupported(MregError):
@@ -60,6 +63,23 @@ class Hyperparameters:
     window: int | None
     inv_freq: Floats
     rope_gain: float
+    #: Phi-3: one qkv_proj and one gate_up_proj matrix per layer.
+    fused: bool = False
+    #: Gemma: norms multiply by (1 + weight), embeddings by sqrt(hidden), a norm after attention and the MLP.
+    gemma: bool = False
+    act: str = "silu"
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    #: Per layer: whether it attends within the sliding window (Gemma alternates), and their own rope.
+    sliding: tuple[bool, ...] = ()
+    local_rope: tuple[Floats, float] | None = None
+    #: A mixture of experts in every layer: how many, how many each token takes, whether their weights sum to 1.
+    experts: int = 0
+    experts_used: int = 0
+    norm_topk: bool = True
+    #: Where a layer's mixture lives and its experts' gate, up and down matrices (Qwen's names, Mixtral's).
+    moe_names: tuple[str, str, str, str] = ("mlp.", "gate_proj", "up_proj", "down_proj")
 
 
 def _llama3_inv_freq(inv: Floats, rope: dict[str, Any], max_pos: int) -> Floats:
@@ -101,13 +121,18 @@ def _yarn_inv_freq(inv: Floats, rope: dict[str, Any], dim: int, base: float, max
     return out.astype(np.float32), float(attention)
 
 
-def _rope(config: dict[str, Any], head_dim: int) -> tuple[Floats, float]:
-    """Inverse frequencies of the rotary embedding, and the gain on its cos/sin, from the rope settings."""
-    theta, kind, rope = rope_settings(config)
-    base = theta if theta is not None else 10000.0
-    if float(rope.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0) != 1.0:
-        raise ReferenceUnsupported("partial rotary embeddings are not implemented")
-    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+def _rope(config: dict[str, Any], head_dim: int, n: int = 0, theta: float | None = None) -> tuple[Floats, float]:
+    """Inverse frequencies of the rotary embedding (of its rotated dimensions only: partial rotary), and the gain
+    on its cos/sin, from the rope settings; `theta` overrides the base (Gemma 3's local layers)."""
+    base_theta, kind, rope = rope_settings(config)
+    if theta is not None:
+        base_theta, kind, rope = theta, "default", {}
+    base = base_theta if base_theta is not None else 10000.0
+    partial = float(rope.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0)
+    dim = int(head_dim * partial)
+    if dim % 2 or dim <= 0:
+        raise ReferenceUnsupported(f"a rotary dimension of {dim}")
+    exponents = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
     inv = (np.float32(1.0) / np.float32(base) ** exponents).astype(np.float32)
     max_pos = int(config.get("max_position_embeddings", 4096))
     if kind == "default":
@@ -117,8 +142,24 @@ def _rope(config: dict[str, Any], head_dim: int) -> tuple[Floats, float]:
     if kind == "llama3":
         return _llama3_inv_freq(inv, rope, max_pos), 1.0
     if kind == "yarn":
-        return _yarn_inv_freq(inv, rope, head_dim, base, max_pos)
+        return _yarn_inv_freq(inv, rope, dim, base, max_pos)
+    if kind == "longrope":
+        return _longrope_inv_freq(exponents, rope, base, max_pos, n)
     raise ReferenceUnsupported(f"rope_scaling type {kind!r} is not implemented")
+
+
+def _longrope_inv_freq(exponents: Floats, rope: dict[str, Any], base: float, max_pos: int,
+                       n: int) -> tuple[Floats, float]:
+    """Phi-3's LongRoPE: per-pair divisors, the long ones past the original context; a gain from the extension."""
+    old = int(rope.get("original_max_position_embeddings") or max_pos)
+    factor = float(rope.get("factor") or max_pos / old)
+    gain = rope.get("attention_factor")
+    if gain is None:
+        gain = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old))
+    ext = np.asarray(rope["long_factor"] if n > old else rope["short_factor"], np.float32)
+    if ext.shape != exponents.shape:
+        raise ReferenceUnsupported(f"{ext.size} longrope factors for {exponents.size} rotary pairs")
+    return (np.float32(1.0) / (ext * np.float32(base) ** exponents)).astype(np.float32), float(gain)
 
 
 def _window(config: dict[str, Any], arch: str, n: int) -> int | None:
@@ -126,11 +167,67 @@ def _window(config: dict[str, Any], arch: str, n: int) -> int | None:
     window = config.get("sliding_window")
     if not window or n <= int(window):
         return None
-    if arch == "MistralForCausalLM":
+    if arch in ("MistralForCausalLM", "Phi3ForCausalLM"):
         return int(window)
     if config.get("use_sliding_window"):
         raise ReferenceUnsupported(f"a sliding window of {window} on some layers, with {n} tokens")
     return None
+
+
+def _sliding_layers(config: dict[str, Any], arch: str, layers: int) -> tuple[bool, ...]:
+    """Which layers attend within the sliding window: Gemma's layer_types (or its every-second / every-sixth
+    pattern), Phi-3's and Mistral's all of them."""
+    if arch not in _GEMMA:
+        return ()
+    types = config.get("layer_types")
+    if types:
+        return tuple(t == "sliding_attention" for t in types)
+    pattern = 2 if arch == "Gemma2ForCausalLM" else int(config.get("sliding_window_pattern") or 6)
+    return tuple(bool((i + 1) % pattern) for i in range(layers))
+
+
+def _moe(config: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
+    """Qwen3-MoE's routing settings; a mixture with dense layers among its sparse ones is not implemented."""
+    if arch == "MixtralForCausalLM":  # Mixtral always renormalizes over the chosen experts
+        return {"experts": int(config["num_local_experts"]), "experts_used": int(config["num_experts_per_tok"]),
+                "norm_topk": True, "moe_names": ("block_sparse_moe.", "w1", "w3", "w2")}
+    if arch not in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
+        return {}
+    step = int(config.get("decoder_sparse_step") or 1)
+    dense = [i for i in range(layers) if i in (config.get("mlp_only_layers") or []) or (i + 1) % step]
+    if dense:
+        raise ReferenceUnsupported(f"dense layers {dense[:5]} in a mixture of experts")
+    return {"experts": int(config.get("num_experts") or config["num_local_experts"]),
+            "experts_used": int(config["num_experts_per_tok"]),
+            "norm_topk": bool(config.get("norm_topk_prob", arch == "Qwen3MoeForCausalLM"))}
+
+
+def _experts(w: _Weights, s: Hyperparameters, pre: str, h: Floats) -> Floats:
+    """A softmax router picks each token's top experts; their SwiGLU outputs are summed, weighted by its
+    probabilities (renormalized over the chosen ones when norm_topk_prob); experts stream one at a time."""
+    block, gate_name, up_name, down_name = s.moe_names
+    (logits,) = w.linear(h, pre + block + "gate")
+    probs = softmax(logits.astype(np.float32))
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, :s.experts_used]
+    weights = np.take_along_axis(probs, top, axis=-1)
+    if s.norm_topk:
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    out = np.zeros_like(h)
+    for e in range(s.experts):
+        tokens, slot = np.nonzero(top == e)
+        if tokens.size == 0:
+            continue
+        name = f"{pre}{block}experts.{e}."
+        gate, up = w.linear(h[tokens], name + gate_name, name + up_name)
+        (down,) = w.linear(_silu(gate) * up, name + down_name)
+        np.add.at(out, tokens, down * weights[tokens, slot][:, None])
+    shared = f"{pre}mlp.shared_expert."
+    if shared + "gate_proj.weight" in w:  # Qwen2-MoE: an expert every token takes, behind a sigmoid gate
+        gate, up = w.linear(h, shared + "gate_proj", shared + "up_proj")
+        (down,) = w.linear(_silu(gate) * up, shared + "down_proj")
+        (g,) = w.linear(h, pre + "mlp.shared_expert_gate")
+        out = out + down / (1 + np.exp(-g))
+    return out
 
 
 def _hyperparameters(config: dict[str, Any], n: int) -> Hyperparameters:
@@ -138,24 +235,44 @@ def _hyperparameters(config: dict[str, Any], n: int) -> Hyperparameters:
     arch = (config.get("architectures") or ["?"])[0]
     if arch not in ARCHITECTURES:
         raise ReferenceUnsupported(f"architecture {arch} is not implemented")
-    act = config.get("hidden_act", "silu")
-    if act != "silu":
-        raise ReferenceUnsupported(f"hidden_act {act!r} is not implemented (only silu)")
+    gemma = arch in _GEMMA
+    act = config.get("hidden_activation" if gemma else "hidden_act", "gelu_pytorch_tanh" if gemma else "silu")
+    if act not in ("silu", "gelu_pytorch_tanh"):
+        raise ReferenceUnsupported(f"hidden_act {act!r} is not implemented (only silu and gelu_pytorch_tanh)")
     try:
         heads = int(config["num_attention_heads"])
         head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
-        inv_freq, gain = _rope(config, head_dim)
+        inv_freq, gain = _rope(config, head_dim, n)
+        layers = int(config["num_hidden_layers"])
+        local = None
+        if arch == "Gemma3ForCausalLM":
+            params = config.get("rope_parameters") or {}
+            theta = (params.get("sliding_attention") or {}).get("rope_theta", config.get("rope_local_base_freq"))
+            local = _rope(config, head_dim, n, theta=float(theta or 10000.0))
+            full = params.get("full_attention")
+            if full:
+                inv_freq, gain = _rope({**config, "rope_parameters": full}, head_dim, n)
+        window = config.get("sliding_window")
         return Hyperparameters(
-            layers=int(config["num_hidden_layers"]),
+            layers=layers,
             heads=heads,
             kv_heads=int(config.get("num_key_value_heads") or heads),
             head_dim=head_dim,
             eps=float(config.get("rms_norm_eps", 1e-6)),
-            qk_norm=arch == "Qwen3ForCausalLM",
-            tied=bool(config.get("tie_word_embeddings", False)),
-            window=_window(config, arch, n),
+            tied=bool(config.get("tie_word_embeddings", gemma)),
+            window=int(window) if gemma and window and n > int(window) else _window(config, arch, n),
             inv_freq=inv_freq,
             rope_gain=gain,
+            fused=arch == "Phi3ForCausalLM",
+            gemma=gemma,
+            act=str(act),
+            attn_scale=float(config["query_pre_attn_scalar"]) ** -0.5 if gemma else None,
+            attn_softcap=config.get("attn_logit_softcapping") if gemma else None,
+            final_softcap=config.get("final_logit_softcapping") if gemma else None,
+            sliding=_sliding_layers(config, arch, layers),
+            local_rope=local,
+            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"),
+            **_moe(config, arch, layers),
         )
     except KeyError as e:
         raise ReferenceUnsupported(f"config.json lacks {e.args[0]}") from e
@@ -256,10 +373,15 @@ def _rms_norm(x: Floats, weight: Floats, eps: float) -> Floats:
 
 
 def _rotate(x: Floats, cos: Floats, sin: Floats) -> Floats:
-    """Rotary embedding, HF layout: each head's first half pairs with its second half."""
-    half = x.shape[-1] // 2
-    turned: Floats = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    out: Floats = x * cos[:, None, :] + turned * sin[:, None, :]
+    """Rotary embedding, HF layout: each head's first half pairs with its second half (of the rotated
+    dimensions; the rest pass through, as with Phi-3's partial rotary)."""
+    dim = cos.shape[-1]
+    rot, rest = x[..., :dim], x[..., dim:]
+    half = dim // 2
+    turned: Floats = np.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
+    out: Floats = rot * cos[:, None, :] + turned * sin[:, None, :]
+    if rest.shape[-1]:
+        out = np.concatenate([out, rest], axis=-1)
     return out
 
 
@@ -270,14 +392,19 @@ def softmax(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return out
 
 
-def _attention(q: Floats, k: Floats, v: Floats, mask: Floats) -> Floats:
-    """Causal attention for (tokens, heads, head_dim) q and (tokens, kv_heads, head_dim) k, v."""
+def _attention(q: Floats, k: Floats, v: Floats, mask: Floats, scale: float | None = None,
+               softcap: float | None = None) -> Floats:
+    """Causal attention for (tokens, heads, head_dim) q and (tokens, kv_heads, head_dim) k, v; Gemma's own
+    query scale and score soft-cap (`tanh(s / cap) * cap`) when given."""
     n, heads, dim = q.shape
     kv = k.shape[1]
     # Query heads h*g .. h*g+g-1 share key/value head h.
     qg = q.reshape(n, kv, heads // kv, dim).transpose(1, 2, 0, 3)
     kt = k.transpose(1, 2, 0)[:, None]
-    scores = (qg @ kt) * np.float32(dim**-0.5) + mask
+    scores = (qg @ kt) * np.float32(dim**-0.5 if scale is None else scale)
+    if softcap:
+        scores = np.tanh(scores / np.float32(softcap)) * np.float32(softcap)
+    scores = scores + mask
     out = softmax(scores) @ v.transpose(1, 0, 2)[:, None]
     result: Floats = out.transpose(2, 0, 1, 3).reshape(n, heads * dim)
     return result
@@ -290,33 +417,68 @@ def _silu(x: Floats) -> Floats:
     return out
 
 
-def _layer(w: _Weights, s: Hyperparameters, i: int, x: Floats, cos: Floats, sin: Floats, mask: Floats) -> Floats:
-    """One decoder layer: pre-norm attention then pre-norm SwiGLU, each added to the residual."""
-    pre = f"model.layers.{i}."
-    n = x.shape[0]
-    h = _rms_norm(x, w.vector(pre + "input_layernorm.weight"), s.eps)
-    q, k, v = w.linear(h, pre + "self_attn.q_proj", pre + "self_attn.k_proj", pre + "self_attn.v_proj")
-    q, k, v = (t.reshape(n, -1, s.head_dim) for t in (q, k, v))
-    if s.qk_norm:
-        q = _rms_norm(q, w.vector(pre + "self_attn.q_norm.weight"), s.eps)
-        k = _rms_norm(k, w.vector(pre + "self_attn.k_norm.weight"), s.eps)
-    a = _attention(_rotate(q, cos, sin), _rotate(k, cos, sin), v, mask)
-    x = x + w.linear(a, pre + "self_attn.o_proj")[0]
-    h = _rms_norm(x, w.vector(pre + "post_attention_layernorm.weight"), s.eps)
-    gate, up = w.linear(h, pre + "mlp.gate_proj", pre + "mlp.up_proj")
-    out: Floats = x + w.linear(_silu(gate) * up, pre + "mlp.down_proj")[0]
+def _gelu_tanh(x: Floats) -> Floats:
+    inner = np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x**3)
+    out: Floats = x * np.float32(0.5) * (1 + np.tanh(inner))
     return out
 
 
-def _positions(s: Hyperparameters, n: int) -> tuple[Floats, Floats, Floats]:
+def _norm(w: _Weights, s: Hyperparameters, x: Floats, name: str) -> Floats:
+    """RMSNorm; Gemma's multiplies by (1 + weight)."""
+    weight = w.vector(name)
+    return _rms_norm(x, weight + np.float32(1.0) if s.gemma else weight, s.eps)
+
+
+Rope = tuple[Floats, Floats, Floats]
+
+
+def _layer(w: _Weights, s: Hyperparameters, i: int, x: Floats, rope: Rope) -> Floats:
+    """One decoder layer: pre-norm attention then a pre-norm gated MLP, each added to the residual (Gemma
+    normalizes each output again before adding it)."""
+    pre = f"model.layers.{i}."
+    n = x.shape[0]
+    cos, sin, mask = rope
+    h = _norm(w, s, x, pre + "input_layernorm.weight")
+    if s.fused:
+        (qkv,) = w.linear(h, pre + "self_attn.qkv_proj")
+        q_rows, kv_rows = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        q, k, v = qkv[:, :q_rows], qkv[:, q_rows:q_rows + kv_rows], qkv[:, q_rows + kv_rows:]
+    else:
+        q, k, v = w.linear(h, pre + "self_attn.q_proj", pre + "self_attn.k_proj", pre + "self_attn.v_proj")
+    q, k, v = (t.reshape(n, -1, s.head_dim) for t in (q, k, v))
+    if s.qk_norm:
+        q = _norm(w, s, q, pre + "self_attn.q_norm.weight")
+        k = _norm(w, s, k, pre + "self_attn.k_norm.weight")
+    a = _attention(_rotate(q, cos, sin), _rotate(k, cos, sin), v, mask, s.attn_scale, s.attn_softcap)
+    a = w.linear(a, pre + "self_attn.o_proj")[0]
+    if s.gemma:
+        a = _norm(w, s, a, pre + "post_attention_layernorm.weight")
+    x = x + a
+    h = _norm(w, s, x, pre + ("pre_feedforward_layernorm.weight" if s.gemma else "post_attention_layernorm.weight"))
+    if s.experts:
+        return x + _experts(w, s, pre, h)
+    if s.fused:
+        (gate_up,) = w.linear(h, pre + "mlp.gate_up_proj")
+        gate, up = np.split(gate_up, 2, axis=-1)
+    else:
+        gate, up = w.linear(h, pre + "mlp.gate_proj", pre + "mlp.up_proj")
+    act = _gelu_tanh(gate) if s.act == "gelu_pytorch_tanh" else _silu(gate)
+    m = w.linear(act * up, pre + "mlp.down_proj")[0]
+    if s.gemma:
+        m = _norm(w, s, m, pre + "post_feedforward_layernorm.weight")
+    out: Floats = x + m
+    return out
+
+
+def _positions(s: Hyperparameters, n: int, inv_freq: Floats, gain: float, window: int | None) -> Rope:
     """cos and sin of the rotary angles for positions 0..n-1, and the additive causal mask."""
-    angles = np.arange(n, dtype=np.float32)[:, None] * s.inv_freq[None, :]
+    angles = np.arange(n, dtype=np.float32)[:, None] * inv_freq[None, :]
     angles = np.concatenate([angles, angles], axis=-1)
-    gain = np.float32(s.rope_gain)
-    cos, sin = (np.cos(angles) * gain).astype(np.float32), (np.sin(angles) * gain).astype(np.float32)
+    g = np.float32(gain)
+    cos, sin = (np.cos(angles) * g).astype(np.float32), (np.sin(angles) * g).astype(np.float32)
     mask = np.triu(np.full((n, n), -np.inf, np.float32), 1)
-    if s.window is not None:
-        mask += np.tril(np.full((n, n), -np.inf, np.float32), -s.window)
+    if window is not None:
+        mask += np.tril(np.full((n, n), -np.inf, np.float32), -window)
     return cos, sin, mask
 
 
@@ -331,11 +493,23 @@ def reference_logits(directory: Path, ids: list[int], workers: int | None = None
         w = _Weights(directory, pool)
         try:
             x = w.rows("model.embed_tokens.weight", ids)
-            cos, sin, mask = _positions(s, len(ids))
+            if s.gemma:
+                x = x * np.float32(math.sqrt(x.shape[-1]))
+            n = len(ids)
+            if s.gemma:  # the window only on the sliding layers; Gemma 3's have their own rope base
+                local = s.local_rope or (s.inv_freq, s.rope_gain)
+                ropes = {True: _positions(s, n, *local, s.window),
+                         False: _positions(s, n, s.inv_freq, s.rope_gain, None)}
+                layer_ropes = [ropes[i < len(s.sliding) and s.sliding[i]] for i in range(s.layers)]
+            else:
+                layer_ropes = [_positions(s, n, s.inv_freq, s.rope_gain, s.window)] * s.layers
             for i in range(s.layers):
-                x = _layer(w, s, i, x, cos, sin, mask)
-            x = _rms_norm(x, w.vector("model.norm.weight"), s.eps)
+                x = _layer(w, s, i, x, layer_ropes[i])
+            x = _norm(w, s, x, "model.norm.weight")
             head = "model.embed_tokens" if s.tied or "lm_head.weight" not in w else "lm_head"
-            return w.linear(x, head)[0]
+            logits = w.linear(x, head)[0]
+            if s.final_softcap:
+                logits = np.tanh(logits / np.float32(s.final_softcap)) * np.float32(s.final_softcap)
+            return logits
         finally:
             w.close()

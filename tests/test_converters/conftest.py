@@ -79,8 +79,9 @@ def build_qwen3(dest: Path, *, hidden: int = 64, layers: int = 2, heads: int = 4
     return dest
 
 
-def build_spm_llama(dest: Path, **kw: Any) -> Path:
-    """A llama directory whose tokenizer is a SentencePiece tokenizer.model (Llama 2 style, byte fallback)."""
+def build_spm_llama(dest: Path, add_dummy_prefix: bool = True, **kw: Any) -> Path:
+    """A llama directory whose tokenizer is a SentencePiece tokenizer.model (Llama 2 style, byte fallback; Gemma's
+    without the dummy prefix)."""
     spm = pytest.importorskip("sentencepiece")
     import io
 
@@ -91,7 +92,7 @@ def build_spm_llama(dest: Path, **kw: Any) -> Path:
         sentence_iterator=iter(CORPUS * 20), model_writer=model, vocab_size=vocab, model_type="bpe",
         byte_fallback=True, character_coverage=1.0, normalization_rule_name="identity",
         remove_extra_whitespaces=False, split_digits=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-        hard_vocab_limit=False, minloglevel=2,
+        hard_vocab_limit=False, minloglevel=2, add_dummy_prefix=add_dummy_prefix,
     )
     (dest / "tokenizer.model").write_bytes(model.getvalue())
     (dest / "tokenizer.json").unlink()
@@ -110,6 +111,71 @@ def build_llama3_rope(dest: Path, **kw: Any) -> Path:
     return dest
 
 
+def build_with_transformers(dest: Path, kind: str, *, hidden: int = 64, layers: int = 2, spm: bool = True,
+                            **config: Any) -> Path:
+    """A tiny random model of a family transformers defines (its own config class and initialization), saved as
+    safetensors beside a tiny tokenizer (SentencePiece, or the llama directory's BPE); norm weights are random
+    too, so that a convention such as Gemma's `1 + weight` shows in the logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    if spm:  # Gemma's SentencePiece models add no dummy prefix (llama.cpp's converter writes that down for them)
+        build_spm_llama(dest, add_dummy_prefix=not kind.startswith("gemma"))
+    else:
+        build_tiny_llama(dest, model_type="qwen2")
+    vocab = json.loads((dest / "config.json").read_text())["vocab_size"]
+    for p in [*dest.glob("*.safetensors*"), dest / "config.json"]:
+        p.unlink()
+    classes = {"phi3": "Phi3Config", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig",
+               "qwen3moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig", "qwen2moe": "Qwen2MoeConfig"}
+    cfg = getattr(transformers, classes[kind])(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                                               num_attention_heads=4, num_key_value_heads=2,
+                                               bos_token_id=1, eos_token_id=2, pad_token_id=None,
+                                               **{"intermediate_size": 128, **config})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:  # Gemma's norms start at 0 (they multiply by 1 + weight), the others at 1
+                param.copy_(torch.randn_like(param) * 0.1 + (0.0 if kind.startswith("gemma") else 1.0))
+    model.save_pretrained(dest)
+    return dest
+
+
+#: Phi-3 mini's shape of things (separate output, full rotary) at 256 wide, so that K-quant blocks fit and the
+#: mix rules choose; Phi-4-mini's (tied embeddings, 3/4 rotary, longrope with factor tensors) at 64.
+PHI3 = {"hidden": 256}
+PHI3_LONGROPE = {"tie_word_embeddings": True, "max_position_embeddings": 256, "original_max_position_embeddings": 64,
+                 "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                                     "short_factor": [1.0 + 0.1 * i for i in range(6)],
+                                     "long_factor": [2.0 + 0.5 * i for i in range(6)],
+                                     "original_max_position_embeddings": 64}}
+
+
+#: Gemma 2: both soft-caps, a window of 4 on layer 0 (layer 1 is global), a query scale from query_pre_attn_scalar.
+GEMMA2 = {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 4, "attn_logit_softcapping": 50.0,
+          "final_logit_softcapping": 30.0}
+#: Gemma 3: six layers, so that the sixth is global (llama.cpp's fixed pattern), with its own rope base; q/k norms.
+GEMMA3 = {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 4, "layers": 6,
+          "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                              "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}}
+
+
+#: Qwen3-MoE: eight experts (llama.cpp's quantizer has rules for exactly eight), two per token, 256 wide so that
+#: K-quant blocks fit, the qwen2 BPE tokenizer.
+QWEN3MOE = {"hidden": 256, "spm": False, "head_dim": 64, "num_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 256, "norm_topk_prob": True}
+
+
+#: Mixtral: four experts, two per token, Llama's SentencePiece tokenizer and q/k permutation (GGUF arch llama).
+MIXTRAL = {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64}
+
+
+#: Qwen2-MoE (Qwen1.5-MoE's layout): four experts, two per token, a shared expert behind a sigmoid gate, q/k/v biases.
+QWEN2MOE = {"spm": False, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 64, "norm_topk_prob": False}
+
+
 BUILDERS: dict[str, Callable[..., Path]] = {
     "llama": lambda d, **kw: build_tiny_llama(d, **kw),
     "qwen2": lambda d, **kw: build_tiny_llama(d, model_type="qwen2", **kw),
@@ -117,6 +183,14 @@ BUILDERS: dict[str, Callable[..., Path]] = {
     "qwen3": build_qwen3,
     "llama-spm": build_spm_llama,
     "llama3-rope": build_llama3_rope,
+    "phi3": lambda d, **kw: build_with_transformers(d, "phi3", **{**PHI3, **kw}),
+    "phi3-longrope": lambda d, **kw: build_with_transformers(d, "phi3", **{**PHI3_LONGROPE, **kw}),
+    "gemma2": lambda d, **kw: build_with_transformers(d, "gemma2", **{**GEMMA2, **kw}),
+    "gemma3": lambda d, **kw: build_with_transformers(d, "gemma3", **{**GEMMA3, **kw}),
+    "qwen3moe": lambda d, **kw: build_with_transformers(d, "qwen3moe", **{**QWEN3MOE, **kw}),
+    # Mixtral: four experts, two per token, Llama's SentencePiece tokenizer and q/k permutation
+    "mixtral": lambda d, **kw: build_with_transformers(d, "mixtral", **{**MIXTRAL, **kw}),
+    "qwen2moe": lambda d, **kw: build_with_transformers(d, "qwen2moe", **{**QWEN2MOE, **kw}),
 }
 
 

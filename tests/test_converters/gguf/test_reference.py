@@ -48,6 +48,19 @@ def _assert_matches_transformers(directory: Path, ids: list[int] = IDS) -> float
         ("qwen3", {"tied": False}),
         ("mistral", {}),
         ("llama3-rope", {}),
+        ("phi3", {"hidden": 64}),
+        ("phi3-longrope", {}),
+        ("gemma2", {}),
+        ("gemma3", {}),
+        ("gemma3", {"final_logit_softcapping": 20.0, "layers": 2}),
+        ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}),
+        ("qwen3moe", {"hidden": 64, "head_dim": 16, "moe_intermediate_size": 32}),
+        ("qwen3moe", {"hidden": 64, "head_dim": 16, "moe_intermediate_size": 32, "norm_topk_prob": False,
+                      "num_experts": 4, "num_experts_per_tok": 3}),
+        ("mixtral", {}),
+        ("qwen2moe", {}),
+        ("qwen2moe", {"norm_topk_prob": True}),
     ],
 )
 def test_logits_equal_transformers(kind: str, kw: dict[str, Any], tiny_model: Callable[..., Path]) -> None:
@@ -79,6 +92,11 @@ def test_rope_parameters_as_transformers_5_saves_them(tiny_model: Callable[..., 
     config["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 20000.0}
     (directory / "config.json").write_text(json.dumps(config))
     _assert_matches_transformers(directory)
+
+
+def test_phi3_long_factors_past_the_original_context(tiny_model: Callable[..., Path]) -> None:
+    """70 tokens, past the original 64: transformers and the reference switch to the long factors."""
+    _assert_matches_transformers(tiny_model("phi3-longrope"), [(7 * i + 3) % 400 for i in range(70)])
 
 
 def test_mistral_sliding_window_shorter_than_the_prompt(tiny_model: Callable[..., Path]) -> None:
