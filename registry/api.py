@@ -161,9 +161,37 @@ def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore,
             raise UsageError("--name is required when converting a repository or directory",
                              hint="e.g. --name qwen2.5-7b")
         fetch()
+        source = _refuse_early(source, parsed, cache=cache, offline=offline, endpoint=endpoint, insecure=insecure)
         snap = pull(source, cache=cache, include=include, exclude=exclude, allow_pickle=allow_pickle,
                     offline=offline, endpoint=endpoint, progress=progress, insecure=insecure)
     return run(store, snap, name, parsed, copy=copy, progress=progress, parent=parent)
+
+
+def _refuse_early(source: str, targets: Sequence[Target], *, cache: str | Path, offline: bool,
+                  endpoint: str | None, insecure: bool) -> str:
+    """For a hub repository: fetch config.json alone first, and let each target's converter (and what it needs)
+    refuse the model before any weight is downloaded. Returns the source pinned to the commit just read, so the
+    weights come from the same commit."""
+    import json
+
+    from registry.cache import local_source
+    from registry.convert.formats import get
+
+    if local_source(source) is not None or source.startswith(("oci://", "oci-layout:")):
+        return source  # nothing to download: the conversion refuses before it writes
+    snap = pull(source, cache=cache, include=["config.json"], offline=offline, endpoint=endpoint,
+                insecure=insecure)
+    path = snap.path / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        config = None  # the full pull and the converter's own checks report a damaged config
+    if isinstance(config, dict):
+        formats = {fmt for fmt, _ in targets}
+        needed = {need for fmt in formats for need in get(fmt).needs}
+        for each in sorted(formats | needed):
+            get(each).check_config(config)
+    return f"{snap.record.source.repo}@{snap.record.source.commit}"
 
 
 def promote(store: Store, ref: str, *, alias: str = "production", expect: int | str | None = "",

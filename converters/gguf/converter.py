@@ -26,7 +26,7 @@ import numpy as np
 from converters.gguf import quality
 from converters.gguf.file import HashingWriter, header
 from converters.gguf.mix import FILE_TYPES
-from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan
+from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan, check_architecture
 from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, plans
 from converters.gguf.quants import Floats, backend, nonfinite, quantize
 from manifests import Artifact, GGUFRequirements, Manifest, Verification
@@ -207,6 +207,10 @@ class GGUFConverter(ConverterBase):
             raise UsageError(f"unknown GGUF type {raw.get('spec')!r}",
                              hint=f"valid types: {', '.join(FILE_TYPES)}")
         return {"type": spec}
+
+    def check_config(self, config: dict[str, Any]) -> None:
+        """An architecture llama.cpp's converter and mreg's reference both know, before any download."""
+        check_architecture(config)
 
     def gate_problems(self, artifact: Artifact | None, requirement: str) -> list[str]:
         """`gguf`: a GGUF file; `gguf:quality`: its quality within its recorded budgets; `gguf:kl=X,top1=Y`: ours."""

@@ -158,6 +158,17 @@ def _rope_metadata(arch: str, config: dict[str, Any], head_dim: int) -> tuple[li
     raise UnsupportedModel(f"rope_scaling type {kind!r} is not supported", hint="supported: linear, yarn, llama3")
 
 
+def check_architecture(config: dict[str, Any]) -> str:
+    """llama.cpp's name for the config's architecture, or the refusal naming the supported ones."""
+    archs = config.get("architectures")
+    hf_arch = str(archs[0]) if isinstance(archs, list) and archs else "?"
+    arch = ARCHITECTURES.get(hf_arch)
+    if arch is None:
+        raise UnsupportedModel(f"architecture {hf_arch} is not supported by --to gguf",
+                               hint=f"supported: {', '.join(sorted(ARCHITECTURES))}")
+    return arch
+
+
 def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: str) -> ModelPlan:
     """Map an HF config and its weights onto GGUF names and metadata, or say what is unsupported.
 
@@ -167,11 +178,7 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
     """
     import gguf
 
-    hf_arch = (config.get("architectures") or ["?"])[0]
-    arch = ARCHITECTURES.get(hf_arch)
-    if arch is None:
-        raise UnsupportedModel(f"architecture {hf_arch} is not supported by --to gguf",
-                               hint=f"supported: {', '.join(sorted(ARCHITECTURES))}")
+    arch = check_architecture(config)
     n_layer, n_embd, n_head, n_head_kv, n_ff, vocab_size, head_dim = _sizes(config)
     check_shapes(weights, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
                  vocab_size=vocab_size, head_dim=head_dim)
@@ -219,7 +226,8 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
     names = {t.name for t in tensors}
     if "token_embd.weight" not in names:
         raise UnsupportedModel("the checkpoint has no token embedding (model.embed_tokens.weight)")
-    return ModelPlan(arch, hf_arch, meta, tensors, n_layer, n_head, n_head_kv, vocab_size, config)
+    return ModelPlan(arch, str(config["architectures"][0]), meta, tensors, n_layer, n_head, n_head_kv, vocab_size,
+                     config)
 
 
 def n_experts(config: dict[str, Any]) -> int:

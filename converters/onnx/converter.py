@@ -132,6 +132,14 @@ class ONNXConverter(ConverterBase):
         """`{"spec": "fp16,with-past"}` -> `{"dtype": "fp16", "quantize": None, "optimize": False, ...}`."""
         return parse_spec(spec_of("onnx", raw, GRAMMAR))
 
+    def check_config(self, config: dict[str, Any]) -> None:
+        """A model type the exporter covers (encoder or causal decoder), before any download."""
+        try:
+            from converters.onnx.export import classify
+        except ImportError:  # no exporter installed: the conversion itself says what to install
+            return
+        classify(config)
+
     def tool_versions(self) -> dict[str, str]:
         """The libraries whose output the artifact depends on, and the format versions it is written in."""
         from importlib import metadata

@@ -150,6 +150,10 @@ class Converter(Protocol):
     def convert_many(self, requests: Sequence[ConversionRequest]) -> list[ConversionResult]:
         """Several targets (same source, same workdir) in one pass; each result names every file it wrote."""
 
+    def check_config(self, config: dict[str, Any]) -> None:
+        """Refuse (UsageError), from config.json alone and before any weight is downloaded, a model this converter
+        cannot take."""
+
     def gate_problems(self, artifact: Artifact | None, requirement: str) -> list[str]:
         """Why `artifact` fails `--require FORMAT[:ARGS]` (None: the version has none); empty when it passes."""
 
@@ -181,6 +185,9 @@ class ConverterBase:
     def convert_many(self, requests: Sequence[ConversionRequest]) -> list[ConversionResult]:
         """One target after the other."""
         return [self.convert(r) for r in requests]
+
+    def check_config(self, config: dict[str, Any]) -> None:
+        """Any model: what the format cannot take is found when it converts."""
 
     def gate_problems(self, artifact: Artifact | None, requirement: str) -> list[str]:
         """A format requirement is met by the artifact's presence; arguments are not understood."""

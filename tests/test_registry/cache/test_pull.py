@@ -190,6 +190,23 @@ def test_convert_from_the_hub(mreg: Any, hub: LocalHub) -> None:
     assert again.exit_code == 0 and again.json["reused"] is True, "cached commit + same key: no network, no work"
 
 
+@pytest.mark.parametrize("target", ["gguf:Q8_0", "onnx", "tensorrt:target=sm_89"])
+def test_an_unsupported_architecture_is_refused_before_the_weights_download(mreg: Any, hub: LocalHub,
+                                                                            target: str) -> None:
+    """Only config.json is fetched; the converter (or, for TensorRT, the ONNX export it needs) names the
+    architecture and what it supports; nothing is published."""
+    pytest.importorskip("gguf" if target.startswith("gguf") else "onnx")
+    repo = files()
+    repo["config.json"] = b'{"architectures": ["MambaForCausalLM"], "model_type": "mamba"}'
+    hub.add_commit("org/mamba", repo)
+    r = mreg("convert", "org/mamba", "--to", target, "--name", "m", "--endpoint", hub.endpoint, "--json")
+    assert r.exit_code == 2, r.stdout + r.stderr
+    error = r.json["error"]
+    assert "not supported by --to" in error["message"] and "supported:" in error["hint"]
+    assert ("MambaForCausalLM" if target.startswith("gguf") else "mamba") in error["message"]
+    assert [p.rsplit("/", 1)[-1] for p in get_paths(hub)] == ["config.json"], "no weight was downloaded"
+
+
 def test_local_directory_import(mreg: Any, model_dir: Path, tmp_path: Path) -> None:
     a = mreg("pull", model_dir, "--json").json
     b = mreg("pull", f"file://{model_dir}", "--json").json
