@@ -88,9 +88,18 @@ AliasDecision = Callable[[int | None, HistoryLoader], HistoryEntry | None]
 
 
 def resolve_ref(store: Store, ref: Ref) -> Version:
-    """The version a reference names in any store: number, alias, `latest` or manifest digest prefix."""
+    """The version a reference names in any store: number, alias, `latest` or manifest digest prefix.
+
+    A digest prefix of digits only (about one ten-digit prefix in a hundred) reads as a version number first;
+    when no such version exists it is matched as a digest prefix.
+    """
     if ref.number is not None:
-        return store.version(ref.name, ref.number)
+        try:
+            return store.version(ref.name, ref.number)
+        except VersionNotFound:
+            if not ref.is_digest_prefix:
+                raise
+            return _by_digest(store, ref)
     if not store.has_model(ref.name):
         raise ModelNotFound(ref.name)
     if ref.ref == LATEST:
@@ -102,15 +111,20 @@ def resolve_ref(store: Store, ref: Ref) -> Version:
     if target is not None:
         return store.version(ref.name, target)
     if ref.is_digest_prefix:
-        hits = [v for v in (store.version(ref.name, n) for n in store.versions(ref.name))
-                if v.manifest_sha256.startswith(ref.ref)]
-        if len(hits) > 1:
-            raise UsageError(
-                f"{ref} is ambiguous: it matches versions {', '.join(str(h.number) for h in hits)}",
-                hint="give more digits of the manifest digest",
-            )
-        if hits:
-            return hits[0]
+        return _by_digest(store, ref)
+    raise VersionNotFound(ref.name, ref.ref)
+
+
+def _by_digest(store: Store, ref: Ref) -> Version:
+    hits = [v for v in (store.version(ref.name, n) for n in store.versions(ref.name))
+            if v.manifest_sha256.startswith(ref.ref)]
+    if len(hits) > 1:
+        raise UsageError(
+            f"{ref} is ambiguous: it matches versions {', '.join(str(h.number) for h in hits)}",
+            hint="give more digits of the manifest digest",
+        )
+    if hits:
+        return hits[0]
     raise VersionNotFound(ref.name, ref.ref)
 
 
