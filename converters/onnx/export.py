@@ -37,7 +37,19 @@ OPSET = 18
 IN_MEMORY_MAX_BYTES = 1_800_000_000
 
 ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "electra", "mpnet"})
-DECODER_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+DECODER_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"})
+#: Decoders whose transformers modules have no SDPA path (Gemma 2's soft-capped attention): exported eager.
+EAGER_TYPES = frozenset({"gemma2"})
+#: Decoders exported for logits only: their sliding-window layers keep a cache of the window's length, which the
+#: traced graph fixes to the export's shapes (ONNX Runtime then refuses a longer past).
+NO_PAST_TYPES = {t: "the sliding-window layers' cache (transformers' hybrid cache) does not trace to a graph with a "
+                 "dynamic past length" for t in ("gemma2", "gemma3_text")}
+#: Decoders refused with the reason (measured with transformers 5 and torch 2.13's exporter).
+REFUSED_TYPES = {
+    "qwen3_moe": "the expert routing uses aten::histc, which the ONNX exporter cannot write (opset 18)",
+    "qwen2_moe": "the expert routing uses aten::histc, which the ONNX exporter cannot write (opset 18)",
+    "mixtral": "the expert routing uses aten::histc, which the ONNX exporter cannot write (opset 18)",
+}
 
 
 class UnsupportedModel(UsageError):
@@ -77,6 +89,9 @@ def classify(config: dict[str, Any]) -> Task:
         return "text-generation"
     if model_type in ENCODER_TYPES:
         return "feature-extraction"
+    if model_type in REFUSED_TYPES:
+        raise UnsupportedModel(f"model_type {model_type!r} is not supported by --to onnx: {REFUSED_TYPES[model_type]}",
+                               hint="convert it to GGUF (--to gguf:Q4_K_M) for llama.cpp, or serve the hf artifact")
     raise UnsupportedModel(
         f"model_type {model_type or '(none)'!r} is not supported by --to onnx",
         hint=f"supported: encoders {', '.join(sorted(ENCODER_TYPES))}; decoders {', '.join(sorted(DECODER_TYPES))}",
@@ -84,13 +99,16 @@ def classify(config: dict[str, Any]) -> Task:
 
 
 def load(directory: Path, task: Task) -> tuple[Any, Any]:
-    """Load the model in float32 (eval mode, SDPA attention) and its tokenizer, from local files only."""
+    """Load the model in float32 (eval mode, SDPA attention where the family has it) and its tokenizer, from local
+    files only."""
     import torch
     import transformers
 
     cls = transformers.AutoModelForCausalLM if task == "text-generation" else transformers.AutoModel
     with quiet():
-        model = cls.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa",
+        model_type = json.loads((directory / "config.json").read_text()).get("model_type")
+        attention = "eager" if model_type in EAGER_TYPES else "sdpa"
+        model = cls.from_pretrained(directory, dtype=torch.float32, attn_implementation=attention,
                                     local_files_only=True)
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
     model.eval()
