@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from support.hub_server import LocalHub
-from support.s3_server import SeaweedS3
+from support.s3_server import SeaweedS3, running
 from support.tiny_models import build_tiny_llama
 from support.world import BUCKET, World
 
@@ -23,11 +23,8 @@ def llama_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def hostile_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
     """A SeaweedFS server for the S3 cases (started only when one runs)."""
-    server = SeaweedS3(tmp_path_factory.mktemp("hostile-seaweed"))
-    server.start()
-    server.create_bucket(BUCKET)
-    yield server
-    server.stop()
+    with running(tmp_path_factory.mktemp("hostile-seaweed"), BUCKET) as server:
+        yield server
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -114,3 +116,15 @@ class SeaweedS3:
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+@contextmanager
+def running(directory: Path, bucket: str) -> Iterator[SeaweedS3]:
+    """A started server with `bucket` created, stopped afterwards (what the S3 test fixtures share)."""
+    server = SeaweedS3(directory)
+    server.start()
+    try:
+        server.create_bucket(bucket)
+        yield server
+    finally:
+        server.stop()

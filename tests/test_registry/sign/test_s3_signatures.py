@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from support.cli import ok
 from support.pki import write_key
-from support.s3_server import SeaweedS3
+from support.s3_server import SeaweedS3, running
 
 BUCKET = "mreg-sign"
 
@@ -20,11 +20,8 @@ BUCKET = "mreg-sign"
 @pytest.fixture(scope="module")
 def s3server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
     """One SeaweedFS server for the module."""
-    server = SeaweedS3(tmp_path_factory.mktemp("seaweed"))
-    server.start()
-    server.create_bucket(BUCKET)
-    yield server
-    server.stop()
+    with running(tmp_path_factory.mktemp("seaweed"), BUCKET) as server:
+        yield server
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from support import workers
 from support.hostile import files, refused
-from support.s3_server import SeaweedS3
+from support.s3_server import SeaweedS3, running
 from support.tiny_models import write_random_safetensors
 
 from registry import layout
@@ -36,11 +36,8 @@ TESTS = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def s3server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
     """One SeaweedFS server for the module; each test uses its own prefix."""
-    server = SeaweedS3(tmp_path_factory.mktemp("seaweed"))
-    server.start()
-    server.create_bucket(BUCKET)
-    yield server
-    server.stop()
+    with running(tmp_path_factory.mktemp("seaweed"), BUCKET) as server:
+        yield server
 
 
 @pytest.fixture
