@@ -22,9 +22,18 @@ from registry.refs import check_alias, check_name, parse_ref
 from registry.units import human_size
 
 if TYPE_CHECKING:
+    from registry.config import Settings
     from registry.store.local import LocalStore
     from registry.store.protocol import Version
     from registry.store.transfer import SyncOutcome
+    from registry.store.trust import TrustPolicy
+
+
+def _any_trust(settings: Settings) -> TrustPolicy:
+    """Without NAME, the policy of `[trust]`, else of the first `[models.X.trust]`: any policy refuses OCI."""
+    models = settings.raw.get("models", {})
+    named = [n for n, t in models.items() if isinstance(t, dict) and "trust" in t] if isinstance(models, dict) else []
+    return api.trust_policy(settings, named[0] if named and "trust" not in settings.raw else "")
 
 
 def _is_oci(location: str) -> bool:
@@ -115,7 +124,7 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
 
     From S3, with a trust policy in the config file (`[trust]`, `[models.NAME.trust]`), a version
     none of whose signatures verifies against it is refused (exit 6) before anything is downloaded
-    (an OCI sync does not carry or check signatures yet).
+    (signatures do not travel over OCI yet: under a trust policy an OCI sync is refused, exit 6).
     """
     import signal
     import threading
@@ -123,8 +132,11 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
     if _is_oci(remote):
         if watch is not None:
             raise click.UsageError("--watch follows S3 aliases; an OCI tag is not an alias")
-        local = local_store(settings_for(config_path, store=store))
-        o = api.oci_sync(remote, local, alias=alias, name=name, insecure=insecure, progress=progress_for(as_json))
+        settings = settings_for(config_path, store=store)
+        local = local_store(settings)
+        trust = api.trust_policy(settings, name) if name is not None else _any_trust(settings)
+        o = api.oci_sync(remote, local, alias=alias, name=name, insecure=insecure, progress=progress_for(as_json),
+                         trust=trust)
         doc = {"name": o.name, "alias": alias, "version": o.version, "digest": o.digest, "changed": o.changed,
                "downloaded_blobs": o.downloaded_blobs, "downloaded_bytes": o.downloaded_bytes,
                "path": local.alias_mount(o.name, alias)}
