@@ -27,6 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from registry.convert.configs import read_object
 from registry.errors import UsageError
 
 #: The Split regexes of known byte-level BPE tokenizers -> llama.cpp's pre-tokenizer name.
@@ -88,15 +89,11 @@ def _hashes(directory: Path) -> list[str]:
                                   hint="check the file is the repository's own (re-pull it)") from e
     ids = list(tok.encode(table()["check_text"]).ids)
     out = [_hash(ids)]
-    config_path = directory / "tokenizer_config.json"
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-    except (OSError, UnicodeDecodeError, ValueError):
-        config = {}
-    bos = config.get("bos_token") if isinstance(config, dict) else None
+    config = read_object(directory / "tokenizer_config.json") or {}
+    bos = config.get("bos_token")
     bos = bos.get("content") if isinstance(bos, dict) else bos
     bos_id = tok.token_to_id(bos) if isinstance(bos, str) else None
-    if isinstance(config, dict) and bos_id is not None and isinstance(config.get("add_bos_token"), bool):
+    if bos_id is not None and isinstance(config.get("add_bos_token"), bool):
         with_bos = [bos_id, *ids] if ids[:1] != [bos_id] else ids
         as_transformers = with_bos if config["add_bos_token"] else [i for i in ids[:1] if i != bos_id] + ids[1:]
         if as_transformers != ids:

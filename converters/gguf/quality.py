@@ -18,6 +18,7 @@ from registry.errors import UsageError
 #: Requirement keys -> (metric, is the budget an upper bound).
 KEYS = {"kl": ("kl_divergence", True), "kl99": ("kl_divergence_p99", True), "top1": ("top1_agreement", False),
         "ppl": ("perplexity_ratio", True)}
+_UPPER = dict(KEYS.values())
 
 
 def parse(requirement: str) -> dict[str, float] | None:
@@ -53,7 +54,7 @@ def gate_problems(artifact: Artifact | None, requirement: str) -> list[str]:
     name = next((f.path for f in artifact.files if f.path.endswith(".gguf")), artifact.path)
     problems = []
     for metric, bound in budget.items():
-        upper = next(up for m, up in KEYS.values() if m == metric)
+        upper = _UPPER.get(metric, True)  # a metric of a newer mreg's budget: a largest value, as most are
         value = v.metrics.get(metric)
         if value is None:
             problems.append(f"{name}: no {metric} was measured (verification: {v.status}), so {requirement} "

@@ -11,17 +11,17 @@ The rules, in order of precedence:
 - ids: tokenizer_config.json's `*_token` names found among tokenizer.json's added tokens, then config.json's
   `*_token_id` (or its text_config's), the first answer for each kind winning; ids past the vocabulary dropped;
 - chat templates: as transformers reads them (see `_chat_template`: the one place mreg differs from llama.cpp).
-Files that are not JSON objects are refused (the caller reports which), never half-read.
+Files that are not JSON objects are refused (`registry.convert.configs.InvalidConfig`, exit 4, naming the file).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from registry.convert.configs import read_object
 from registry.errors import UsageError
 
 #: The kinds read by default, and the GGUF key of each id (llama.cpp spells "seperator" so).
@@ -32,19 +32,6 @@ _KINDS = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
 class InvalidTokenizerFile(UsageError):
     """A tokenizer or config file that does not parse as what it must be."""
-
-
-def read_object(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise InvalidTokenizerFile(f"{path.name} is not JSON: {str(e)[:120]}",
-                                   hint="re-pull the repository; the file is damaged or not the model's") from e
-    if not isinstance(doc, dict):
-        raise InvalidTokenizerFile(f"{path.name} is not a JSON object", hint="re-pull the repository")
-    return doc
 
 
 def _merges(raw: Any) -> list[str]:
@@ -274,10 +261,12 @@ def _set(special: Special, n_vocab: int, kind: str, tid: Any) -> None:
         special.ids[kind] = tid
 
 
-def read_special(directory: Path, n_vocab: int, load_merges: bool) -> Special:
-    """Everything beside the tokens that llama.cpp's converter writes for the tokenizer in `directory`."""
+def read_special(directory: Path, n_vocab: int, load_merges: bool,
+                 tokenizer: dict[str, Any] | None = None) -> Special:
+    """Everything beside the tokens that llama.cpp's converter writes for the tokenizer in `directory`
+    (`tokenizer`: tokenizer.json already parsed by the caller, not read again)."""
     special = Special()
-    tokenizer = read_object(directory / "tokenizer.json")
+    tokenizer = tokenizer if tokenizer is not None else read_object(directory / "tokenizer.json")
     config = read_object(directory / "tokenizer_config.json")
     added: list[Any] = []
     if tokenizer is not None:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from converters.gguf.pretokenizer import Detected, detect
-from converters.gguf.special import Special, read_object, read_special
+from converters.gguf.special import Special, read_special
+from registry.convert.configs import read_object
 from registry.errors import UsageError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -85,7 +86,7 @@ def _bpe(directory: Path, vocab_size: int) -> Vocab:
     tokens = [by_id.get(i, (f"[PAD{i}]", UNUSED))[0] for i in range(size)]
     types = [by_id.get(i, ("", UNUSED))[1] for i in range(size)]
     vocab = Vocab(model="gpt2", pre=detected.name, tokens=tokens, types=types, pre_detected=detected)
-    vocab.special = read_special(directory, len(tokens), load_merges=True)
+    vocab.special = read_special(directory, len(tokens), load_merges=True, tokenizer=doc)
     if not vocab.special.merges:
         raise UnsupportedTokenizer("tokenizer.json has no merges", hint="a BPE tokenizer needs its merges")
     return vocab

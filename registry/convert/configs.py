@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from registry.errors import IntegrityError
 
 #: Files the loaders read as a JSON object, by name (at any depth: a pipeline keeps one per component).
 CONFIG_FILES = frozenset({"config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json",
-                          "special_tokens_map.json", "preprocessor_config.json", "processor_config.json"})
+                          "special_tokens_map.json", "preprocessor_config.json", "processor_config.json",
+                          "added_tokens.json", "chat_template.json"})
 #: Past this a "config" is not one (the largest tokenizer.json files are tens of MB); it is not read whole.
 MAX_CONFIG = 256 << 20
 
@@ -38,18 +40,26 @@ def is_config(label: str) -> bool:
 def check_configs(files: Mapping[str, Path]) -> None:
     """Every config of the snapshot (label -> path) is a JSON object; InvalidConfig names the first that is not."""
     for label, path in sorted(files.items()):
-        if not is_config(label):
-            continue
-        size = path.stat().st_size
-        if size > MAX_CONFIG:
-            raise InvalidConfig(label, f"is {size} bytes, too large to be a config")
-        try:
-            doc = json.loads(path.read_bytes())
-        except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; RecursionError: deep nesting
-            raise InvalidConfig(label, f"is not JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})") \
-                from None
-        if not isinstance(doc, dict):
-            raise InvalidConfig(label, f"is JSON but not an object (it is {_JSON_KIND.get(type(doc), 'a number')})")
+        if is_config(label):
+            read_object(path, label)
+
+
+def read_object(path: Path, label: str | None = None) -> dict[str, Any] | None:
+    """The JSON object in `path` (None when there is no such file), or InvalidConfig naming `label`."""
+    if not path.is_file():
+        return None
+    label = label or path.name
+    size = path.stat().st_size
+    if size > MAX_CONFIG:
+        raise InvalidConfig(label, f"is {size} bytes, too large to be a config")
+    try:
+        doc = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; RecursionError: deep nesting
+        raise InvalidConfig(label, f"is not JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})") \
+            from None
+    if not isinstance(doc, dict):
+        raise InvalidConfig(label, f"is JSON but not an object (it is {_JSON_KIND.get(type(doc), 'a number')})")
+    return doc
 
 
 _JSON_KIND = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}

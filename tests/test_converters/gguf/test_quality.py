@@ -67,6 +67,9 @@ def test_the_gate_judges_recorded_or_given_budgets() -> None:
     assert "no kl_divergence was measured" in gate_problems(_artifact({}, {"kl_divergence": 0.1}),
                                                             "gguf:quality")[0]
     assert gate_problems(None, "gguf:quality") == ["no gguf artifact (required by --require gguf:quality)"]
+    # A budget key this mreg does not know (a newer one's, or an edited manifest) is judged, not a crash.
+    assert len(gate_problems(_artifact({"kl_divergence": 0.01, "future_metric": 3.0},
+                                       {"future_metric": 1.0}), "gguf:quality")) == 1
     with pytest.raises(UsageError):
         parse("gguf:kl=much")
     assert parse("gguf:kl=0.02,kl99=0.2,top1=0.9,ppl=1.02") == {
