@@ -23,6 +23,39 @@ if TYPE_CHECKING:
     from registry.store.local import LocalStore
 
 
+def _dead_here(name: str) -> bool:
+    """Whether a staging tree's name says it was made on this host by a process that no longer exists."""
+    host, _, rest = name.removeprefix("stage-").rpartition("-")[0].rpartition("-")
+    if host != socket.gethostname() or not rest.isdigit():
+        return False
+    try:
+        os.kill(int(rest), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, and someone else's
+    return False
+
+
+def sweep_dead(store: LocalStore) -> list[Path]:
+    """Remove the staging trees that writers killed on this host left (their process gone, their lock free), so
+    that a serving node retrying a killed conversion does not fill its disk; gc removes the rest. Returns them."""
+    removed: list[Path] = []
+    for p in store.tmp.glob("stage-*"):
+        if p.name.endswith(".lock") or p.is_symlink() or not p.is_dir() or not _dead_here(p.name):
+            continue
+        lock = store.tmp / (p.name + ".lock")
+        with atomic.flock(lock, blocking=False) as free:
+            if not free:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                atomic.remove_tree(p, root=store.root)
+                removed.append(p)
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+    return removed
+
+
 @dataclass(frozen=True)
 class StagedFile:
     """A file placed in a staging tree, with its digest when already known and trusted."""
@@ -45,6 +78,7 @@ class Staging:
         # Held for the staging tree's lifetime: gc removes only trees whose lock it can take.
         self._lock.enter_context(atomic.flock(self.lock_path))
         self.path.mkdir()
+        sweep_dead(store)
 
     def release(self) -> None:
         """Drop the staging lock (after publish or discard)."""

@@ -109,6 +109,36 @@ def test_gc_removes_interrupted_staging_but_not_live_ones(mreg: Any, model_dir: 
         live.discard()
 
 
+def test_the_next_writer_sweeps_what_a_killed_writer_left(store_root: Path) -> None:
+    """A writer SIGKILLed mid-way leaves its staging tree; the next writer on this host removes it (its process is
+    gone, its lock free), never a live tree or another host's."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from pathlib import Path; from registry.store.local import LocalStore\n"
+            "s = LocalStore(Path(sys.argv[1])).stage('m'); (s.path / 'big').write_bytes(b'x' * 4096)\n"
+            "print(s.path, flush=True); time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, str(store_root)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert child.stdout is not None
+    killed = Path(child.stdout.readline().strip())
+    store = LocalStore(store_root)
+    live = store.stage("m")  # the child is alive: its tree stays
+    assert killed.exists()
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    other = store.tmp / "stage-another-host-1-0123456789ab"
+    other.mkdir()
+    try:
+        nxt = store.stage("m")
+        assert not killed.exists() and not (store.tmp / (killed.name + ".lock")).exists()
+        assert live.path.exists() and other.exists()
+        nxt.discard()
+    finally:
+        live.discard()
+
+
 def test_gc_refuses_while_a_publish_is_running(mreg: Any, model_dir: Path, store_root: Path) -> None:
     mreg("convert", model_dir, "--to", "hf", "--name", "m")
     with atomic.flock(store_root / layout.GC_LOCK, shared=True):
