@@ -81,8 +81,9 @@ def open_s3_store(url: str, *, endpoint_url: str | None = None) -> S3Store:
 def pull(source: str, *, cache: str | Path, include: Sequence[str] = (), exclude: Sequence[str] = (),
          allow_pickle: bool = False, offline: bool = False, endpoint: str | None = None,
          progress: Progress | None = None, insecure: bool = False) -> Snapshot:
-    """Bring `ORG/NAME[@REV]`, `./DIR`, `file:///DIR`, `oci://HOST/REPO:TAG|@DIGEST` or `oci-layout:DIR[:TAG]`
-    into the cache, every file verified; returns the snapshot. `insecure`: plain HTTP to a loopback registry."""
+    """Bring `ORG/NAME[@REV]`, `./DIR`, `file:///DIR`, `oci://HOST/REPO:TAG|@DIGEST`, `oci-layout:DIR[:TAG]` or
+    `oci-archive:FILE.tar[:TAG]` into the cache, every file verified; returns the snapshot. `insecure`: plain HTTP
+    to a loopback registry."""
     from registry import cache as cache_pkg
     from registry.oci import reference
 
@@ -177,7 +178,7 @@ def _refuse_early(source: str, targets: Sequence[Target], *, cache: str | Path, 
     from registry.cache import local_source
     from registry.convert.formats import get
 
-    if local_source(source) is not None or source.startswith(("oci://", "oci-layout:")):
+    if local_source(source) is not None or source.startswith(("oci://", "oci-layout:", "oci-archive:")):
         return source  # nothing to download: the conversion refuses before it writes
     snap = pull(source, cache=cache, include=["config.json"], offline=offline, endpoint=endpoint,
                 insecure=insecure)
@@ -342,9 +343,10 @@ def check(store: LocalStore, ref: str, golden: str | Path, *, fmt: str | None = 
 
 def oci_push(store: LocalStore, version: str | Version, destination: str, *, force: bool = False,
              insecure: bool = False, progress: Progress | None = None,
-             chunk: int | None = None) -> OciPushOutcome:
-    """Publish a local version to `oci://HOST/REPO[:TAG]` or `oci-layout:DIR[:TAG]` as a ModelPack artifact (the
-    tag defaults to the version number); a tag naming another digest is refused unless `force`."""
+             chunk: int | None = None, as_image: bool = False) -> OciPushOutcome:
+    """Publish a local version to `oci://HOST/REPO[:TAG]`, `oci-layout:DIR[:TAG]` or `oci-archive:FILE.tar[:TAG]` as
+    a ModelPack artifact, or with `as_image` as a regular image (tag `N`, or `N-image` for an image, by default);
+    a tag naming another digest is refused unless `force`."""
     from registry.oci import reference, transfer
 
     v = store.resolve(parse_ref(version)) if isinstance(version, str) else version
@@ -352,7 +354,11 @@ def oci_push(store: LocalStore, version: str | Version, destination: str, *, for
     if ref.digest:
         raise UsageError(f"push to a tag, not a digest: {destination}", hint="e.g. oci://HOST/REPO:v1")
     target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk)
-    return transfer.push(store, v, target, ref.tag or str(v.number), force=force, progress=progress)
+    tag = ref.tag or (f"{v.number}-image" if as_image else str(v.number))
+    try:
+        return transfer.push(store, v, target, tag, force=force, progress=progress, as_image=as_image)
+    finally:
+        transfer.close_target(target)
 
 
 def oci_sync(source: str, store: LocalStore, *, alias: str = "production", name: str | None = None,
