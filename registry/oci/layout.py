@@ -55,7 +55,7 @@ class LayoutTarget:
             return None
 
     def upload_blob(self, digest: str, size: int, path: BlobBody, advance: Callable[[int], None]) -> None:
-        """Copy a file (or a source's bytes) in as the blob `digest`, hashed while copied; a mismatch leaves nothing."""
+        """Copy a file (or a source's bytes) in as the blob `digest`, hashed while copied; nothing on a mismatch."""
         self._write(digest, file_chunks(path) if isinstance(path, Path) else path.chunks(), advance)
 
     def _write(self, digest: str, chunks: Any, advance: Callable[[int], None] | None = None) -> None:

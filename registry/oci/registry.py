@@ -41,10 +41,11 @@ def _file_body(path: BlobBody, start: int = 0, length: int | None = None) -> Cal
     if not isinstance(path, Path):  # bytes made on the fly (an image's tar layer)
         source = path
         return lambda: source.chunks(start, length)
+    file = path
 
     def chunks() -> Iterator[bytes]:
         left = length
-        with open(path, "rb") as f:
+        with open(file, "rb") as f:
             f.seek(start)
             while left is None or left > 0:
                 block = f.read(READ if left is None else min(READ, left))

@@ -23,7 +23,9 @@ class FetchedManifest:
 class BlobSource(Protocol):
     """Bytes made on the fly rather than read from one file (an image's tar layer), re-readable from any offset."""
 
-    size: int
+    @property
+    def size(self) -> int:
+        """How many bytes the source makes."""
 
     def chunks(self, start: int = 0, length: int | None = None) -> Iterator[bytes]:
         """The bytes from `start`, `length` of them (to the end when None)."""
