@@ -136,6 +136,9 @@ def test_as_image_unpacks_into_the_version_tree(mreg: Any, tmp_path: Path, repo:
     refused = mreg("pull", f"oci://{repo}:v1", "--insecure", "--json")
     assert refused.exit_code == 2 and "container image" in refused.json["error"]["message"]
     assert "--as-image" in refused.json["error"]["hint"]
+    not_synced = mreg("sync", f"oci://{repo}:v1", "--insecure", "--store", tmp_path / "store2", "--json")
+    assert not_synced.exit_code == 2 and not (tmp_path / "store2" / "models" / "m").exists()
+    assert mreg("push", "m@1", "s3://bucket/prefix", "--as-image", "--json").exit_code == 2
 
 
 def test_as_image_chunked_and_into_an_archive(tmp_path: Path, repo: str, mreg: Any, store_root: Path) -> None:
