@@ -343,22 +343,35 @@ def check(store: LocalStore, ref: str, golden: str | Path, *, fmt: str | None = 
 
 def oci_push(store: LocalStore, version: str | Version, destination: str, *, force: bool = False,
              insecure: bool = False, progress: Progress | None = None,
-             chunk: int | None = None, as_image: bool = False) -> OciPushOutcome:
+             chunk: int | None = None, as_image: bool = False, base: str | None = None) -> OciPushOutcome:
     """Publish a local version to `oci://HOST/REPO[:TAG]`, `oci-layout:DIR[:TAG]` or `oci-archive:FILE.tar[:TAG]` as
-    a ModelPack artifact, or with `as_image` as a regular image (tag `N`, or `N-image` for an image, by default);
-    a tag naming another digest is refused unless `force`."""
+    a ModelPack artifact, or with `as_image` as a regular image, over the image `base` when given (tag `N`, or
+    `N-image` for an image, by default); a tag naming another digest is refused unless `force`."""
     from registry.oci import reference, transfer
+    from registry.oci.base import read_base
+    from registry.oci.target import Target
 
     v = store.resolve(parse_ref(version)) if isinstance(version, str) else version
+    if base is not None and not as_image:
+        raise UsageError("--base is for --as-image", hint="add --as-image, or drop --base")
     ref = reference.parse(destination)
     if ref.digest:
         raise UsageError(f"push to a tag, not a digest: {destination}", hint="e.g. oci://HOST/REPO:v1")
-    target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk)
-    tag = ref.tag or (f"{v.number}-image" if as_image else str(v.number))
+    below: tuple[reference.OciRef | reference.LayoutRef, Target] | None = None
+    if base is not None:
+        base_ref = reference.parse(base)
+        loopback = isinstance(base_ref, reference.OciRef) and base_ref.is_loopback  # --insecure is for loopback only
+        below = base_ref, transfer.open_target(base_ref, insecure=insecure and loopback)
+    target = None
     try:
-        return transfer.push(store, v, target, tag, force=force, progress=progress, as_image=as_image)
+        image = None if below is None else read_base(below[1], below[0].digest or below[0].tag, str(below[0]))
+        target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk)
+        tag = ref.tag or (f"{v.number}-image" if as_image else str(v.number))
+        return transfer.push(store, v, target, tag, force=force, progress=progress, as_image=as_image, base=image)
     finally:
-        transfer.close_target(target)
+        for t in (target, below[1] if below else None):
+            if t is not None:
+                transfer.close_target(t)
 
 
 def oci_sync(source: str, store: LocalStore, *, alias: str = "production", name: str | None = None,

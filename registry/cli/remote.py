@@ -48,6 +48,9 @@ def _is_oci(location: str) -> bool:
 @click.option("--as-image", is_flag=True,
               help="OCI: push a regular image (one tar layer per file under /models/NAME/) for Kubernetes image "
                    "volumes and KServe modelcars, instead of a ModelPack artifact; default tag N-image.")
+@click.option("--base", metavar="IMAGE", help="With --as-image: build on this image (oci://…, oci-layout:…, "
+                                              "oci-archive:…; linux/amd64 from an index), e.g. busybox for the "
+                                              "shell a KServe modelcar runs.")
 @insecure_option
 @click.option("--verify-remote", is_flag=True,
               help="Also download and hash every blob already in the remote store, and upload again those that "
@@ -55,8 +58,8 @@ def _is_oci(location: str) -> bool:
 @config_option
 @store_option
 @json_option
-def push_cmd(ref: str, remote: str, force: bool, as_image: bool, insecure: bool, verify_remote: bool,
-             config_path: str | None, store: str | None, as_json: bool) -> None:
+def push_cmd(ref: str, remote: str, force: bool, as_image: bool, base: str | None, insecure: bool,
+             verify_remote: bool, config_path: str | None, store: str | None, as_json: bool) -> None:
     """Copy a local version to an S3 store: only the blobs it lacks, SHA-256 checked by the server.
 
     The manifest is written last with a create-only PUT, which also allocates the remote version
@@ -71,15 +74,16 @@ def push_cmd(ref: str, remote: str, force: bool, as_image: bool, insecure: bool,
     oci-archive:FILE.tar is a layout as one tar file (written to a temporary name, then renamed;
     an existing archive is rewritten with the tag added). --as-image pushes a regular image:
     each file as an uncompressed tar layer at /models/NAME/FORMAT/PATH, mreg's manifest at
-    /models/NAME/manifest.json (default tag N-image).
+    /models/NAME/manifest.json (default tag N-image); --base IMAGE puts an image's layers below
+    (a KServe modelcar runs a shell in it).
     """
     local = local_store(settings_for(config_path, store=store))
     v = local.resolve(parse_ref(ref))
     if _is_oci(remote):
-        _push_oci(local, v, remote, force, insecure, as_json, as_image)
+        _push_oci(local, v, remote, force, insecure, as_json, as_image, base)
         return
-    if as_image:
-        raise click.UsageError("--as-image is for OCI destinations (oci://, oci-layout:, oci-archive:)")
+    if as_image or base:
+        raise click.UsageError("--as-image and --base are for OCI destinations (oci://, oci-layout:, oci-archive:)")
     out = api.push(local, v, s3_store(remote), progress=progress_for(as_json), verify_remote=verify_remote)
     doc = {"name": v.name, "local_version": v.number, "remote": remote, "remote_version": out.version.number,
            "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
@@ -100,11 +104,11 @@ def push_cmd(ref: str, remote: str, force: bool, as_image: bool, insecure: bool,
 
 
 def _push_oci(local: LocalStore, v: Version, remote: str, force: bool, insecure: bool, as_json: bool,
-              as_image: bool) -> None:
+              as_image: bool, base: str | None) -> None:
     out = api.oci_push(local, v, remote, force=force, insecure=insecure, progress=progress_for(as_json),
-                       as_image=as_image)
-    doc = {"name": v.name, "local_version": v.number, "remote": remote, "as_image": as_image, "tag": out.tag,
-           "digest": out.digest,
+                       as_image=as_image, base=base)
+    doc = {"name": v.name, "local_version": v.number, "remote": remote, "as_image": as_image, "base": base,
+           "tag": out.tag, "digest": out.digest,
            "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
            "present_blobs": out.present_blobs, "replaced": out.replaced}
     Output(as_json).result(doc, (

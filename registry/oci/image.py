@@ -31,10 +31,12 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from manifests import Manifest
 from registry import atomic, layout
 from registry.oci import media
+from registry.oci.base import BaseImage
 from registry.oci.pack import Blob, Packed, canonical, descriptor, digest_of
 from registry.oci.reference import DIGEST
 from registry.progress import NoProgress, Progress
@@ -154,8 +156,10 @@ def image_layers(store_root: Path, m: Manifest, manifest_raw: bytes) -> list[tup
     return out
 
 
-def pack_image(store_root: Path, m: Manifest, manifest_raw: bytes, progress: Progress | None = None) -> Packed:
-    """The image of a version: its layers' digests (cached per file and path), the config, the manifest."""
+def pack_image(store_root: Path, m: Manifest, manifest_raw: bytes, progress: Progress | None = None,
+               base: BaseImage | None = None) -> Packed:
+    """The image of a version (over a base image's layers, when given): its layers' digests (cached per file and
+    path), the config, the manifest."""
     progress = progress or NoProgress()
     layers = image_layers(store_root, m, manifest_raw)
     caches = {layer.path: _cache_path(store_root, sha, layer.path) for layer, sha, _ in layers if sha}
@@ -175,27 +179,43 @@ def pack_image(store_root: Path, m: Manifest, manifest_raw: bytes, progress: Pro
     blobs = [(Blob(known[layer.path], layer.size, media.TAR_LAYER, source=layer),
               {media.MREG_PATH: layer.path, **({media.MREG_FORMAT: fmt} if fmt else {})})
              for layer, _, fmt in layers]
-    config_raw = canonical(image_config(m, manifest_raw, [b.digest for b, _ in blobs]))
+    config_raw = canonical(image_config(m, manifest_raw, [b.digest for b, _ in blobs], base))
     config = Blob(digest_of(config_raw), len(config_raw), media.IMAGE_CONFIG, config_raw)
     created = m.created.at.isoformat().replace("+00:00", "Z")
+    notes = {media.CREATED: created, media.MREG_NAME: m.name, media.MREG_VERSION: str(m.version)}
+    if base is not None:
+        notes |= {media.BASE_NAME: base.name, media.BASE_DIGEST: base.digest}
+    below = list(base.layers) if base is not None else []
     doc = {
         "schemaVersion": 2,
         "mediaType": media.OCI_MANIFEST,
         "config": descriptor(config),
-        "layers": [descriptor(b, a) for b, a in blobs],
-        "annotations": {media.CREATED: created, media.MREG_NAME: m.name, media.MREG_VERSION: str(m.version)},
+        "layers": [descriptor(b) for b in below] + [descriptor(b, a) for b, a in blobs],
+        "annotations": notes,
     }
     raw = canonical(doc)
-    unique = {b.digest: b for b in [config, *(b for b, _ in blobs)]}
+    unique = {b.digest: b for b in [config, *below, *(b for b, _ in blobs)]}
     return Packed(tuple(unique.values()), raw, digest_of(raw))
 
 
-def image_config(m: Manifest, manifest_raw: bytes, diff_ids: list[str]) -> dict[str, object]:
-    """The image config (pure): platform, labels naming the version, no command, diff ids = layer digests."""
+def image_config(m: Manifest, manifest_raw: bytes, diff_ids: list[str], base: BaseImage | None = None
+                 ) -> dict[str, Any]:
+    """The image config (pure): platform, labels naming the version, no command, diff ids = layer digests; over a
+    base, the base's config (platform, Env, Cmd, …) with the labels added and the diff ids and history extended."""
     created = m.created.at.isoformat().replace("+00:00", "Z")
     labels = {media.MREG_NAME: m.name, media.MREG_VERSION: str(m.version),
               media.MREG_MANIFEST_DIGEST: digest_of(manifest_raw), media.VERSION: str(m.version),
               media.CREATED: created}
-    return {**PLATFORM, "created": created,
-            "config": {"Labels": labels, "WorkingDir": f"/{ROOT}/{m.name}"},
-            "rootfs": {"type": "layers", "diff_ids": diff_ids}}
+    if base is None:
+        return {**PLATFORM, "created": created,
+                "config": {"Labels": labels, "WorkingDir": f"/{ROOT}/{m.name}"},
+                "rootfs": {"type": "layers", "diff_ids": diff_ids}}
+    cfg = dict(base.config)
+    inner = dict(cfg.get("config") or {}) if isinstance(cfg.get("config"), dict) else {}
+    inner["Labels"] = {**(inner.get("Labels") or {}), **labels}
+    cfg |= {"created": created, "config": inner,
+            "rootfs": {"type": "layers", "diff_ids": [*cfg["rootfs"]["diff_ids"], *diff_ids]}}
+    if isinstance(cfg.get("history"), list):
+        cfg["history"] = [*cfg["history"], *({"created": created, "created_by": "mreg push --as-image"}
+                                             for _ in diff_ids)]
+    return cfg

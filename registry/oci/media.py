@@ -39,6 +39,8 @@ MREG_FORMAT = "dev.mreg.format"
 MREG_PATH = "dev.mreg.path"
 MREG_MANIFEST_DIGEST = "dev.mreg.manifest-digest"
 VERSION = "org.opencontainers.image.version"
+BASE_NAME = "org.opencontainers.image.base.name"
+BASE_DIGEST = "org.opencontainers.image.base.digest"
 
 _WEIGHTS = (".safetensors", ".gguf", ".onnx", ".onnx_data", ".data", ".plan", ".engine", ".bin", ".pt", ".pth")
 _DOCS = (".md", ".txt", ".rst", ".pdf")

@@ -29,6 +29,7 @@ from registry.digest import write_hashed
 from registry.errors import Conflict, IntegrityError, NotFound, UsageError
 from registry.oci import media
 from registry.oci.archive import ArchiveTarget
+from registry.oci.base import BaseImage
 from registry.oci.image import pack_image
 from registry.oci.layout import LayoutTarget
 from registry.oci.pack import pack
@@ -74,12 +75,13 @@ class OciPushOutcome:
 
 
 def push(store: LocalStore, version: Version, target: Target, tag: str, *, force: bool = False,
-         progress: Progress | None = None, as_image: bool = False) -> OciPushOutcome:
-    """Publish a version under `tag` (as a ModelPack artifact, or a regular image): missing blobs first, the
-    manifest last."""
+         progress: Progress | None = None, as_image: bool = False, base: BaseImage | None = None) -> OciPushOutcome:
+    """Publish a version under `tag` (as a ModelPack artifact, or a regular image, over `base` when given): missing
+    blobs first, the manifest last."""
     progress = progress or NoProgress()
     raw = (Path(version.path) / layout.MANIFEST).read_bytes()
-    packed = pack_image(store.root, version.manifest, raw, progress) if as_image else pack(version.manifest, raw)
+    packed = pack_image(store.root, version.manifest, raw, progress, base) if as_image else \
+        pack(version.manifest, raw)
     current = target.get_manifest(tag)
     if current is not None and current.digest == packed.digest:
         return OciPushOutcome(packed.digest, tag, True, 0, 0, len(packed.blobs))

@@ -3,6 +3,8 @@ distribution registry on loopback and Debian's skopeo."""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import io
 import json
 import os
@@ -74,17 +76,58 @@ def _unpack_layout(layout: Path, tag: str) -> tuple[dict[str, Any], dict[str, by
     manifest = json.loads(blob(entry["digest"]).read_bytes())
     tree: dict[str, bytes] = {}
     for layer in manifest["layers"]:
-        with tarfile.open(blob(layer["digest"]), "r:") as tf:
+        ours = media.MREG_PATH in layer.get("annotations", {})
+        assert not ours or layer["mediaType"] == media.TAR_LAYER
+        with tarfile.open(blob(layer["digest"]), "r:*") as tf:
             for m in tf:
-                assert m.mtime == 0 and m.uid == 0 and m.gid == 0 and not m.uname and "mtime" not in m.pax_headers
+                fixed = m.mtime == 0 and m.uid == 0 and m.gid == 0 and not m.uname and "mtime" not in m.pax_headers
+                assert fixed or not ours
                 if m.isfile():
-                    assert m.mode == 0o644
+                    assert m.mode == 0o644 or not ours
                     f = tf.extractfile(m)
                     assert f is not None
                     tree[m.name] = f.read()
                 else:
-                    assert m.isdir() and m.mode == 0o755
+                    assert m.isdir() and (m.mode == 0o755 or not ours)
     return manifest, tree
+
+
+def _write_blob(layout: Path, data: bytes) -> dict[str, Any]:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    (layout / "blobs/sha256").mkdir(parents=True, exist_ok=True)
+    (layout / "blobs/sha256" / digest[7:]).write_bytes(data)
+    return {"digest": digest, "size": len(data)}
+
+
+def _base_layout(layout: Path) -> tuple[bytes, str]:
+    """A stand-in for busybox, as Docker Hub serves it: an index (arm64 and amd64) over Docker-typed manifests with
+    a gzip layer holding bin/sh. Returns the layer tar and the amd64 manifest's digest."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        info = tarfile.TarInfo("bin/sh")
+        info.size, info.mode = 13, 0o755
+        tf.addfile(info, io.BytesIO(b"#!busybox sh\n"))
+    layer_tar = buf.getvalue()
+    layer = _write_blob(layout, gzip.compress(layer_tar, mtime=0))
+    manifests = []
+    for arch in ("arm64", "amd64"):
+        config = _write_blob(layout, json.dumps({
+            "architecture": arch, "os": "linux", "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"],
+                                                            "Labels": {"base": "busybox"}},
+            "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer_tar).hexdigest()]},
+            "history": [{"created_by": "ADD bin/sh"}]}).encode())
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": media.DOCKER_MANIFEST,
+            "config": {"mediaType": "application/vnd.docker.container.image.v1+json", **config},
+            "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", **layer}]}).encode()
+        manifests.append({"mediaType": media.DOCKER_MANIFEST, **_write_blob(layout, manifest),
+                          "platform": {"os": "linux", "architecture": arch}})
+    index = json.dumps({"schemaVersion": 2, "mediaType": media.OCI_INDEX, "manifests": manifests}).encode()
+    entry = {"mediaType": media.OCI_INDEX, **_write_blob(layout, index),
+             "annotations": {"org.opencontainers.image.ref.name": "base"}}
+    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [entry]}))
+    return layer_tar, manifests[1]["digest"]
 
 
 def test_tar_layer_bytes_are_fixed_and_seekable(tmp_path: Path) -> None:
@@ -139,6 +182,38 @@ def test_as_image_unpacks_into_the_version_tree(mreg: Any, tmp_path: Path, repo:
     not_synced = mreg("sync", f"oci://{repo}:v1", "--insecure", "--store", tmp_path / "store2", "--json")
     assert not_synced.exit_code == 2 and not (tmp_path / "store2" / "models" / "m").exists()
     assert mreg("push", "m@1", "s3://bucket/prefix", "--as-image", "--json").exit_code == 2
+
+
+def test_as_image_over_a_base_image_for_a_kserve_modelcar(mreg: Any, tmp_path: Path, repo: str,
+                                                          store_root: Path) -> None:
+    """--base puts a shell image's layers below the model's (KServe runs `sh` in a modelcar): the amd64 image of
+    an index, Docker media types renamed to OCI's, the base's config kept with mreg's labels added."""
+    _published(mreg, tmp_path)
+    layer_tar, amd64 = _base_layout(tmp_path / "busybox")
+    base = f"oci-layout:{tmp_path / 'busybox'}:base"
+    pushed = ok(mreg("push", "m@1", f"oci://{repo}:car", "--as-image", "--base", base, "--insecure", "--json"))
+    assert pushed["uploaded_blobs"] == 6 and pushed["base"] == base  # the base layer, 4 of ours, the config
+    raw = json.loads(_skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{repo}:car"))
+    assert raw["layers"][0]["mediaType"] == media.TAR_LAYER + "+gzip" and len(raw["layers"]) == 5
+    assert raw["annotations"][media.BASE_DIGEST] == amd64 and raw["annotations"][media.BASE_NAME] == base
+    config = json.loads(_skopeo("inspect", "--raw", "--config", "--tls-verify=false", f"docker://{repo}:car"))
+    assert config["config"]["Cmd"] == ["sh"] and config["config"]["Labels"]["base"] == "busybox"
+    assert config["config"]["Labels"][media.MREG_NAME] == "m" and len(config["history"]) == 5
+    assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer_tar).hexdigest()] + \
+        [layer["digest"] for layer in raw["layers"][1:]]
+    layout = tmp_path / "copied"
+    _skopeo("copy", "--preserve-digests", "--src-tls-verify=false", f"docker://{repo}:car", f"oci:{layout}:car")
+    assert _unpack_layout(layout, "car")[1] == {"bin/sh": b"#!busybox sh\n", **_version_files(store_root)}
+    again = ok(mreg("push", "m@1", f"oci://{repo}:car2", "--as-image", "--base", base, "--insecure", "--json"))
+    assert again["digest"] == pushed["digest"] and again["uploaded_bytes"] == 0
+    no_image = mreg("push", "m@1", f"oci://{repo}:x", "--base", base, "--insecure", "--json")
+    assert no_image.exit_code == 2 and "--as-image" in no_image.json["error"]["hint"]
+    ok(mreg("push", "m@1", f"oci://{repo}:artifact", "--insecure", "--json"))
+    not_a_base = mreg("push", "m@1", f"oci://{repo}:x", "--as-image", "--base", f"oci://{repo}:artifact",
+                      "--insecure", "--json")
+    assert not_a_base.exit_code == 2 and "not a container image" in not_a_base.json["error"]["message"]
+    assert mreg("push", "m@1", f"oci://{repo}:x", "--as-image", "--base", f"oci://{repo}:none", "--insecure",
+                "--json").exit_code == 3
 
 
 def test_as_image_chunked_and_into_an_archive(tmp_path: Path, repo: str, mreg: Any, store_root: Path) -> None:
