@@ -40,14 +40,17 @@ class Packed:
 
 
 def canonical(doc: Any) -> bytes:
+    """JSON with sorted keys and no spaces: the same document always gives the same bytes."""
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def digest_of(data: bytes) -> str:
+    """`sha256:HEX` of some bytes."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def descriptor(blob: Blob, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """The OCI descriptor of a blob (media type, digest, size, annotations when any)."""
     d: dict[str, Any] = {"mediaType": blob.media_type, "digest": blob.digest, "size": blob.size}
     if annotations:
         d["annotations"] = annotations
