@@ -196,17 +196,21 @@ class ArchiveTarget:
              advance: Callable[[int], None] | None = None) -> str:
         """Append one member, hashed while written; returns the sha256 of its bytes."""
         out = self._begin()
-        out.write(tar_entry(name, size=size))
         h, n = hashlib.sha256(), 0
-        for chunk in chunks:
-            h.update(chunk)
-            out.write(chunk)
-            n += len(chunk)
-            if advance is not None:
-                advance(len(chunk))
+        try:
+            out.write(tar_entry(name, size=size))
+            for chunk in chunks:
+                h.update(chunk)
+                out.write(chunk)
+                n += len(chunk)
+                if advance is not None:
+                    advance(len(chunk))
+            out.write(b"\0" * (-size % BLOCK))
+        except OSError as e:
+            atomic.raise_if_full(e, self.path.parent)
+            raise
         if n != size:
             raise IntegrityError(f"{name} is {n} bytes, not {size}", hint="run `mreg verify --all`")
-        out.write(b"\0" * (-size % BLOCK))
         return h.hexdigest()
 
     def upload_blob(self, digest: str, size: int, path: BlobBody, advance: Callable[[int], None]) -> None:
@@ -237,14 +241,20 @@ class ArchiveTarget:
         index = json.dumps(retag(self._index_doc, digest, media_type, len(data), tag), indent=2).encode()
         self._add(layout.OCI_INDEX_FILE, len(index), [index])
         assert self._out is not None and self._tmp is not None
-        self._out.write(b"\0" * (2 * BLOCK))
-        self._out.flush()
-        os.fsync(self._out.fileno())
+        try:
+            self._out.write(b"\0" * (2 * BLOCK))
+            self._out.flush()
+            os.fsync(self._out.fileno())
+        except OSError as e:
+            atomic.raise_if_full(e, self.path.parent)
+            raise
         self._out.close()
         self._out = None
         os.replace(self._tmp, self.path)
         self._tmp = None
         atomic.fsync_dir(self.path.parent)
+        self._members, self._written = {}, {}
+        self._read_members()  # the offsets are the new file's from now on
 
     def close(self) -> None:
         """Abandon an archive left unfinished (a failed push): FILE stays as it was."""

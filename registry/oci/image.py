@@ -35,6 +35,7 @@ from typing import Any
 
 from manifests import Manifest
 from registry import atomic, layout
+from registry.errors import IntegrityError
 from registry.oci import media
 from registry.oci.base import BaseImage
 from registry.oci.pack import Blob, Packed, canonical, descriptor, digest_of
@@ -108,7 +109,8 @@ class TarLayer:
                     while want > 0:
                         block = f.read(min(READ, want))
                         if not block:
-                            raise OSError(f"{piece} is shorter than its manifest says")
+                            raise IntegrityError(f"the store blob for {self.path} is shorter than its manifest says",
+                                                 hint="run `mreg verify --all`")
                         want -= len(block)
                         yield block
             else:
