@@ -199,8 +199,8 @@ def test_as_image_over_a_base_image_for_a_kserve_modelcar(mreg: Any, tmp_path: P
     config = json.loads(_skopeo("inspect", "--raw", "--config", "--tls-verify=false", f"docker://{repo}:car"))
     assert config["config"]["Cmd"] == ["sh"] and config["config"]["Labels"]["base"] == "busybox"
     assert config["config"]["Labels"][media.MREG_NAME] == "m" and len(config["history"]) == 5
-    assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer_tar).hexdigest()] + \
-        [layer["digest"] for layer in raw["layers"][1:]]
+    assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer_tar).hexdigest(),
+                                            *(layer["digest"] for layer in raw["layers"][1:])]
     layout = tmp_path / "copied"
     _skopeo("copy", "--preserve-digests", "--src-tls-verify=false", f"docker://{repo}:car", f"oci:{layout}:car")
     assert _unpack_layout(layout, "car")[1] == {"bin/sh": b"#!busybox sh\n", **_version_files(store_root)}
