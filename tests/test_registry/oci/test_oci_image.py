@@ -176,6 +176,10 @@ def test_as_image_unpacks_into_the_version_tree(mreg: Any, tmp_path: Path, repo:
     assert other_tag["tag"] == "1-image" and other_tag["digest"] == pushed["digest"]
     assert other_tag["uploaded_bytes"] == 0 and other_tag["present_blobs"] == 5
 
+    _published(mreg, tmp_path, seed=1)
+    second = ok(mreg("push", "m@2", f"oci://{repo}", "--as-image", "--insecure", "--json"))
+    assert second["tag"] == "2-image" and second["present_blobs"] == 1  # README.md: same bytes, same path
+
     refused = mreg("pull", f"oci://{repo}:v1", "--insecure", "--json")
     assert refused.exit_code == 2 and "container image" in refused.json["error"]["message"]
     assert "--as-image" in refused.json["error"]["hint"]
@@ -208,6 +212,14 @@ def test_as_image_over_a_base_image_for_a_kserve_modelcar(mreg: Any, tmp_path: P
     assert again["digest"] == pushed["digest"] and again["uploaded_bytes"] == 0
     no_image = mreg("push", "m@1", f"oci://{repo}:x", "--base", base, "--insecure", "--json")
     assert no_image.exit_code == 2 and "--as-image" in no_image.json["error"]["hint"]
+    mirror = f"{repo}-mirror/busybox:1"  # the base in a registry, read through its index; its layer streamed over
+    _skopeo("copy", "--all", "--preserve-digests", "--dest-tls-verify=false", f"oci:{tmp_path / 'busybox'}:base",
+            f"docker://{mirror}")
+    remote = ok(mreg("push", "m@1", f"oci://{repo}-2:car", "--as-image", "--base", f"oci://{mirror}", "--insecure",
+                     "--json"))
+    remote_raw = json.loads(_skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{repo}-2:car"))
+    assert remote_raw["layers"] == raw["layers"] and remote["uploaded_blobs"] == 6
+    assert remote_raw["annotations"][media.BASE_DIGEST] == amd64
     ok(mreg("push", "m@1", f"oci://{repo}:artifact", "--insecure", "--json"))
     not_a_base = mreg("push", "m@1", f"oci://{repo}:x", "--as-image", "--base", f"oci://{repo}:artifact",
                       "--insecure", "--json")
