@@ -362,7 +362,7 @@ def oci_push(store: LocalStore, version: str | Version, destination: str, *, for
         base_ref = reference.parse(base)
         loopback = isinstance(base_ref, reference.OciRef) and base_ref.is_loopback  # --insecure is for loopback only
         below = base_ref, transfer.open_target(base_ref, insecure=insecure and loopback)
-    target = None
+    target: Target | None = None
     try:
         image = None if below is None else read_base(below[1], below[0].digest or below[0].tag, str(below[0]))
         target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk)
