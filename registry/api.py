@@ -349,7 +349,6 @@ def oci_push(store: LocalStore, version: str | Version, destination: str, *, for
     `N-image` for an image, by default); a tag naming another digest is refused unless `force`."""
     from registry.oci import reference, transfer
     from registry.oci.base import read_base
-    from registry.oci.target import Target
 
     v = store.resolve(parse_ref(version)) if isinstance(version, str) else version
     if base is not None and not as_image:
@@ -357,21 +356,21 @@ def oci_push(store: LocalStore, version: str | Version, destination: str, *, for
     ref = reference.parse(destination)
     if ref.digest:
         raise UsageError(f"push to a tag, not a digest: {destination}", hint="e.g. oci://HOST/REPO:v1")
-    below: tuple[reference.OciRef | reference.LayoutRef, Target] | None = None
-    if base is not None:
-        base_ref = reference.parse(base)
-        loopback = isinstance(base_ref, reference.OciRef) and base_ref.is_loopback  # --insecure is for loopback only
-        below = base_ref, transfer.open_target(base_ref, insecure=insecure and loopback)
-    target: Target | None = None
+    base_ref = reference.parse(base) if base is not None else None
+    loopback = isinstance(base_ref, reference.OciRef) and base_ref.is_loopback  # --insecure is for loopback only
+    below = transfer.open_target(base_ref, insecure=insecure and loopback) if base_ref is not None else None
     try:
-        image = None if below is None else read_base(below[1], below[0].digest or below[0].tag, str(below[0]))
+        image = read_base(below, base_ref.digest or base_ref.tag, str(base_ref)) \
+            if below is not None and base_ref is not None else None
         target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk)
-        tag = ref.tag or (f"{v.number}-image" if as_image else str(v.number))
-        return transfer.push(store, v, target, tag, force=force, progress=progress, as_image=as_image, base=image)
+        try:
+            tag = ref.tag or (f"{v.number}-image" if as_image else str(v.number))
+            return transfer.push(store, v, target, tag, force=force, progress=progress, as_image=as_image, base=image)
+        finally:
+            transfer.close_target(target)
     finally:
-        for t in (target, below[1] if below else None):
-            if t is not None:
-                transfer.close_target(t)
+        if below is not None:
+            transfer.close_target(below)
 
 
 def oci_sync(source: str, store: LocalStore, *, alias: str = "production", name: str | None = None,

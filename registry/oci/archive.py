@@ -188,7 +188,7 @@ class ArchiveTarget:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic.sweep(self.path.parent, "archive")
             self._tmp = atomic.temp_name(self.path, "archive")
-            self._out = open(self._tmp, "xb")
+            self._out = open(self._tmp, "xb")  # noqa: SIM115 (kept open across calls; closed by put_manifest/close)
             self._add(layout.OCI_LAYOUT_FILE, len(LAYOUT_DOC), [LAYOUT_DOC])
         return self._out
 
