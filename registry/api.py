@@ -358,7 +358,8 @@ def oci_push(store: LocalStore, version: str | Version, destination: str, *, for
         raise UsageError(f"push to a tag, not a digest: {destination}", hint="e.g. oci://HOST/REPO:v1")
     base_ref = reference.parse(base) if base is not None else None
     loopback = isinstance(base_ref, reference.OciRef) and base_ref.is_loopback  # --insecure is for loopback only
-    below = transfer.open_target(base_ref, insecure=insecure and loopback) if base_ref is not None else None
+    below = transfer.open_target(base_ref, insecure=insecure and loopback, images=False) \
+        if base_ref is not None else None
     try:
         image = read_base(below, base_ref.digest or base_ref.tag, str(base_ref)) \
             if below is not None and base_ref is not None else None

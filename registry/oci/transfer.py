@@ -36,6 +36,7 @@ from registry.oci.pack import pack
 from registry.oci.reference import DIGEST, ArchiveRef, LayoutRef, OciRef
 from registry.oci.registry import RegistryTarget
 from registry.oci.target import FetchedManifest, Target
+from registry.oci.unpack import ImageReader
 from registry.progress import NoProgress, Progress
 from registry.store.local import LocalStore
 from registry.store.protocol import Version
@@ -45,13 +46,18 @@ MAX_MREG_MANIFEST = 16 << 20
 
 
 def open_target(ref: OciRef | LayoutRef, *, insecure: bool = False, create: bool = False,
-                chunk: int | None = None) -> Target:
-    """The target a reference names (a layout or archive is created for a push)."""
+                chunk: int | None = None, images: bool = True) -> Target:
+    """The target a reference names (a layout or archive is created for a push); for reading, with `images`, mreg
+    images read as the versions they carry (`unpack`)."""
+    target: Target
     if isinstance(ref, ArchiveRef):
-        return ArchiveTarget(ref, create=create)
-    if isinstance(ref, LayoutRef):
-        return LayoutTarget(ref, create=create)
-    return RegistryTarget(ref, insecure=insecure, **({"chunk": chunk, "monolithic_max": chunk} if chunk else {}))
+        target = ArchiveTarget(ref, create=create)
+    elif isinstance(ref, LayoutRef):
+        target = LayoutTarget(ref, create=create)
+    else:
+        target = RegistryTarget(ref, insecure=insecure,
+                                **({"chunk": chunk, "monolithic_max": chunk} if chunk else {}))
+    return target if create or not images else ImageReader(target)
 
 
 def close_target(target: Target) -> None:
@@ -166,9 +172,8 @@ def read_artifact(target: Target, reference: str | None) -> ReadArtifact:
     config = doc.get("config") or {}
     kind = doc.get("artifactType") or config.get("mediaType", "")
     if kind in media.IMAGE_CONFIG_TYPES:
-        raise UsageError(f"{where} is a container image, not a model artifact",
-                         hint="images (`mreg push --as-image`) are for container runtimes to mount; pull the "
-                              "artifact pushed without --as-image")
+        raise UsageError(f"{where} is a container image mreg did not make, not a model artifact",
+                         hint="pull a ModelPack artifact, or an image made by `mreg push --as-image`")
     raw_layers = [d for d in doc["layers"] if isinstance(d, dict)]
     if len(raw_layers) != len(doc["layers"]):
         raise _hostile(where, "a layer descriptor is not an object")

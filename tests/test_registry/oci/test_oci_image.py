@@ -180,12 +180,42 @@ def test_as_image_unpacks_into_the_version_tree(mreg: Any, tmp_path: Path, repo:
     second = ok(mreg("push", "m@2", f"oci://{repo}", "--as-image", "--insecure", "--json"))
     assert second["tag"] == "2-image" and second["present_blobs"] == 1  # README.md: same bytes, same path
 
-    refused = mreg("pull", f"oci://{repo}:v1", "--insecure", "--json")
-    assert refused.exit_code == 2 and "container image" in refused.json["error"]["message"]
-    assert "--as-image" in refused.json["error"]["hint"]
-    not_synced = mreg("sync", f"oci://{repo}:v1", "--insecure", "--store", tmp_path / "store2", "--json")
-    assert not_synced.exit_code == 2 and not (tmp_path / "store2" / "models" / "m").exists()
     assert mreg("push", "m@1", "s3://bucket/prefix", "--as-image", "--json").exit_code == 2
+
+
+def test_an_image_is_pulled_and_synced_as_its_version(mreg: Any, tmp_path: Path, repo: str, store_root: Path,
+                                                      registry: LocalRegistry) -> None:
+    """Only the image published: pull and sync read its layers back (each exactly the tar mreg makes), the
+    version reproduced byte for byte; a damaged layer on the registry's disk is refused, nothing written."""
+    _published(mreg, tmp_path)
+    pushed = ok(mreg("push", "m@1", f"oci://{repo}:v1", "--as-image", "--insecure", "--json"))
+    cache2 = tmp_path / "cache2"
+    pulled = ok(mreg("pull", f"oci://{repo}@{pushed['digest']}", "--insecure", "--cache-dir", cache2, "--json"))
+    assert pulled["files"] == 3 and pulled["commit"] == pushed["digest"].split(":")[1]
+    store2 = tmp_path / "store2"
+    synced = ok(mreg("sync", f"oci://{repo}:v1", "--insecure", "--store", store2, "--json"))
+    assert synced["version"] == 1 and synced["digest"] == pushed["digest"]
+    assert (store2 / "models/m/versions/1/manifest.json").read_bytes() == \
+        (store_root / "models/m/versions/1/manifest.json").read_bytes()
+    assert ok(mreg("verify", "m@1", "--store", store2, "--json"))["ok"]
+
+    raw = json.loads(_skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{repo}:v1"))
+    weights = next(d for d in raw["layers"] if d["annotations"][media.MREG_PATH].endswith("model.safetensors"))
+    blob = registry.blob_file(weights["digest"])
+    good = blob.read_bytes()
+    for at in (100, 3000):  # a header's name, then the file past the headers
+        data = bytearray(good)
+        data[at] ^= 0xFF
+        blob.write_bytes(bytes(data))
+        try:
+            cache3, store3 = tmp_path / f"cache-{at}", tmp_path / f"store-{at}"
+            r = mreg("pull", f"oci://{repo}:v1", "--insecure", "--cache-dir", cache3, "--json")
+            assert r.exit_code == 4 and r.json["error"]["type"] == "IntegrityError", r.stdout
+            assert not list(cache3.glob("*/snapshots/*")) and not list(cache3.glob(".mreg/pulls/*/*.json"))
+            s = mreg("sync", f"oci://{repo}:v1", "--insecure", "--store", store3, "--json")
+            assert s.exit_code == 4 and not (store3 / "models/m/versions/1").exists()
+        finally:
+            blob.write_bytes(good)
 
 
 def test_as_image_over_a_base_image_for_a_kserve_modelcar(mreg: Any, tmp_path: Path, repo: str,
@@ -220,6 +250,9 @@ def test_as_image_over_a_base_image_for_a_kserve_modelcar(mreg: Any, tmp_path: P
     remote_raw = json.loads(_skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{repo}-2:car"))
     assert remote_raw["layers"] == raw["layers"] and remote["uploaded_blobs"] == 6
     assert remote_raw["annotations"][media.BASE_DIGEST] == amd64
+    assert ok(mreg("pull", f"oci://{repo}:car", "--insecure", "--cache-dir", tmp_path / "c2", "--json"))["files"] == 3
+    foreign = mreg("pull", f"oci://{repo}-mirror/busybox@{amd64}", "--insecure", "--json")
+    assert foreign.exit_code == 2 and "container image mreg did not make" in foreign.json["error"]["message"]
     ok(mreg("push", "m@1", f"oci://{repo}:artifact", "--insecure", "--json"))
     not_a_base = mreg("push", "m@1", f"oci://{repo}:x", "--as-image", "--base", f"oci://{repo}:artifact",
                       "--insecure", "--json")
