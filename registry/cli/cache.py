@@ -76,7 +76,7 @@ def pull_cmd(source: str, config_path: str | None, cache_dir: str | None, includ
     the cache is served without network. An OCI artifact (oci://…@sha256:… or :TAG, an OCI
     layout, or an OCI archive oci-archive:FILE.tar[:TAG], read in place) lands as a snapshot
     pinned to its manifest digest, every layer checked against its digest; for a version mreg
-    pushed, the snapshot is its hf artifact. Images pushed with --as-image are refused (exit 2).
+    pushed (as an artifact, or as an image with --as-image), the snapshot is its hf artifact.
     """
     cache = settings_for(config_path, cache_dir).require_cache()
     quiet_hub(as_json)

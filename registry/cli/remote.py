@@ -139,8 +139,8 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
 
     From OCI (a registry, a layout directory or an oci-archive:FILE.tar, read in place; NAME
     optional: the artifact names its version), the version mreg pushed there is reproduced
-    exactly, under its number, every layer verified, and the local --alias flips to it. Images
-    pushed with --as-image are refused (exit 2): sync the artifact.
+    exactly, under its number, every layer verified, and the local --alias flips to it (from an
+    image pushed with --as-image too).
 
     From S3, with a trust policy in the config file (`[trust]`, `[models.NAME.trust]`), a version
     none of whose signatures verifies against it is refused (exit 6) before anything is downloaded
