@@ -81,8 +81,9 @@ def open_s3_store(url: str, *, endpoint_url: str | None = None) -> S3Store:
 def pull(source: str, *, cache: str | Path, include: Sequence[str] = (), exclude: Sequence[str] = (),
          allow_pickle: bool = False, offline: bool = False, endpoint: str | None = None,
          progress: Progress | None = None, insecure: bool = False) -> Snapshot:
-    """Bring `ORG/NAME[@REV]`, `./DIR`, `file:///DIR`, `oci://HOST/REPO:TAG|@DIGEST` or `oci-layout:DIR[:TAG]`
-    into the cache, every file verified; returns the snapshot. `insecure`: plain HTTP to a loopback registry."""
+    """Bring `ORG/NAME[@REV]`, `./DIR`, `file:///DIR`, `oci://HOST/REPO:TAG|@DIGEST`, `oci-layout:DIR[:TAG]` or
+    `oci-archive:FILE.tar[:TAG]` into the cache, every file verified; returns the snapshot. `insecure`: plain HTTP
+    to a loopback registry."""
     from registry import cache as cache_pkg
     from registry.oci import reference
 
@@ -177,7 +178,7 @@ def _refuse_early(source: str, targets: Sequence[Target], *, cache: str | Path, 
     from registry.cache import local_source
     from registry.convert.formats import get
 
-    if local_source(source) is not None or source.startswith(("oci://", "oci-layout:")):
+    if local_source(source) is not None or source.startswith(("oci://", "oci-layout:", "oci-archive:")):
         return source  # nothing to download: the conversion refuses before it writes
     snap = pull(source, cache=cache, include=["config.json"], offline=offline, endpoint=endpoint,
                 insecure=insecure)
@@ -342,17 +343,35 @@ def check(store: LocalStore, ref: str, golden: str | Path, *, fmt: str | None = 
 
 def oci_push(store: LocalStore, version: str | Version, destination: str, *, force: bool = False,
              insecure: bool = False, progress: Progress | None = None,
-             chunk: int | None = None) -> OciPushOutcome:
-    """Publish a local version to `oci://HOST/REPO[:TAG]` or `oci-layout:DIR[:TAG]` as a ModelPack artifact (the
-    tag defaults to the version number); a tag naming another digest is refused unless `force`."""
+             chunk: int | None = None, as_image: bool = False, base: str | None = None) -> OciPushOutcome:
+    """Publish a local version to `oci://HOST/REPO[:TAG]`, `oci-layout:DIR[:TAG]` or `oci-archive:FILE.tar[:TAG]` as
+    a ModelPack artifact, or with `as_image` as a regular image, over the image `base` when given (tag `N`, or
+    `N-image` for an image, by default); a tag naming another digest is refused unless `force`."""
     from registry.oci import reference, transfer
+    from registry.oci.base import read_base
 
     v = store.resolve(parse_ref(version)) if isinstance(version, str) else version
+    if base is not None and not as_image:
+        raise UsageError("--base is for --as-image", hint="add --as-image, or drop --base")
     ref = reference.parse(destination)
     if ref.digest:
         raise UsageError(f"push to a tag, not a digest: {destination}", hint="e.g. oci://HOST/REPO:v1")
-    target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk)
-    return transfer.push(store, v, target, ref.tag or str(v.number), force=force, progress=progress)
+    base_ref = reference.parse(base) if base is not None else None
+    loopback = isinstance(base_ref, reference.OciRef) and base_ref.is_loopback  # --insecure is for loopback only
+    below = transfer.open_target(base_ref, insecure=insecure and loopback, images=False) \
+        if base_ref is not None else None
+    try:
+        image = read_base(below, base_ref.digest or base_ref.tag, str(base_ref)) \
+            if below is not None and base_ref is not None else None
+        target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk)
+        try:
+            tag = ref.tag or (f"{v.number}-image" if as_image else str(v.number))
+            return transfer.push(store, v, target, tag, force=force, progress=progress, as_image=as_image, base=image)
+        finally:
+            transfer.close_target(target)
+    finally:
+        if below is not None:
+            transfer.close_target(below)
 
 
 def oci_sync(source: str, store: LocalStore, *, alias: str = "production", name: str | None = None,

@@ -6,6 +6,7 @@ Store::
       blobs/sha256/ab/ab12…              immutable, read-only, named by their sha256
       tmp/                               work and staging directories (same filesystem as blobs)
       caches/<format>/…                  what converters keep to speed up rebuilds (TensorRT timing caches)
+      caches/oci-image/ab/ab12….json     the digest of a file's tar layer (`push --as-image`), per blob and path
       gc.lock                            publishers hold it shared, gc exclusive
       locks/convert-<name>-<key>.lock    one conversion at a time per key: a second run waits, then reuses
       models/<name>/

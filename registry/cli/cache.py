@@ -60,7 +60,8 @@ def snapshot_doc(snap: Snapshot) -> dict[str, Any]:
 
 
 @click.command("pull")
-@click.argument("source", metavar="REPO[@REVISION] | ./DIR | file:///DIR | oci://HOST/REPO:TAG | oci-layout:DIR")
+@click.argument("source", metavar="REPO[@REVISION] | ./DIR | file:///DIR | oci://HOST/REPO:TAG | oci-layout:DIR | "
+                                  "oci-archive:FILE.tar")
 @config_option
 @cache_option
 @pull_options
@@ -72,9 +73,10 @@ def pull_cmd(source: str, config_path: str | None, cache_dir: str | None, includ
 
     Every file is checked against the hub's sha256 (LFS) or git blob id; free space is checked
     before the first byte; pickle weights are skipped unless --allow-pickle. A commit already in
-    the cache is served without network. An OCI artifact (oci://…@sha256:… or :TAG, or an OCI
-    layout) lands as a snapshot pinned to its manifest digest, every layer checked against its
-    digest; for a version mreg pushed, the snapshot is its hf artifact.
+    the cache is served without network. An OCI artifact (oci://…@sha256:… or :TAG, an OCI
+    layout, or an OCI archive oci-archive:FILE.tar[:TAG], read in place) lands as a snapshot
+    pinned to its manifest digest, every layer checked against its digest; for a version mreg
+    pushed (as an artifact, or as an image with --as-image), the snapshot is its hf artifact.
     """
     cache = settings_for(config_path, cache_dir).require_cache()
     quiet_hub(as_json)

@@ -29,7 +29,8 @@ def _tensorrt_tokens(backend: str | None, target: str | None, shapes: str | None
 
 
 @click.command("convert")
-@click.argument("source", metavar="REPO[@REVISION] | ./DIR | NAME@REF | oci://HOST/REPO:TAG")
+@click.argument("source", metavar="REPO[@REVISION] | ./DIR | NAME@REF | oci://HOST/REPO:TAG | oci-layout:DIR | "
+                                  "oci-archive:FILE.tar")
 @click.option("--to", "targets", multiple=True, required=True, metavar="FORMAT[:SPEC]",
               help="Target format (repeatable): hf, gguf:TYPE (F16, Q8_0, Q4_K_M, …), onnx[:fp16,int8,optimize,"
                    "with-past], tensorrt[:target=sm_86+sm_89,…].")

@@ -37,13 +37,20 @@ def _any_trust(settings: Settings) -> TrustPolicy:
 
 
 def _is_oci(location: str) -> bool:
-    return location.startswith(("oci://", "oci-layout:"))
+    return location.startswith(("oci://", "oci-layout:", "oci-archive:"))
 
 
 @click.command("push")
 @click.argument("ref", metavar="NAME@REF")
-@click.argument("remote", metavar="s3://BUCKET/PREFIX | oci://HOST/REPO[:TAG] | oci-layout:DIR[:TAG]")
+@click.argument("remote", metavar="s3://BUCKET/PREFIX | oci://HOST/REPO[:TAG] | oci-layout:DIR[:TAG] | "
+                                  "oci-archive:FILE.tar[:TAG]")
 @click.option("--force", is_flag=True, help="OCI: move a tag that already names another digest.")
+@click.option("--as-image", is_flag=True,
+              help="OCI: push a regular image (one tar layer per file under /models/NAME/) for Kubernetes image "
+                   "volumes and KServe modelcars, instead of a ModelPack artifact; default tag N-image.")
+@click.option("--base", metavar="IMAGE", help="With --as-image: build on this image (oci://…, oci-layout:…, "
+                                              "oci-archive:…; linux/amd64 from an index), e.g. busybox for the "
+                                              "shell a KServe modelcar runs.")
 @insecure_option
 @click.option("--verify-remote", is_flag=True,
               help="Also download and hash every blob already in the remote store, and upload again those that "
@@ -51,8 +58,8 @@ def _is_oci(location: str) -> bool:
 @config_option
 @store_option
 @json_option
-def push_cmd(ref: str, remote: str, force: bool, insecure: bool, verify_remote: bool, config_path: str | None,
-             store: str | None, as_json: bool) -> None:
+def push_cmd(ref: str, remote: str, force: bool, as_image: bool, base: str | None, insecure: bool,
+             verify_remote: bool, config_path: str | None, store: str | None, as_json: bool) -> None:
     """Copy a local version to an S3 store: only the blobs it lacks, SHA-256 checked by the server.
 
     The manifest is written last with a create-only PUT, which also allocates the remote version
@@ -64,12 +71,19 @@ def push_cmd(ref: str, remote: str, force: bool, insecure: bool, verify_remote: 
     artifact: one uncompressed layer per file, the store's blobs as they are, mreg's manifest as a
     layer; blobs the registry has are not sent; the manifest is PUT last, under TAG (default: the
     version number). A tag naming another digest is refused (exit 5) unless --force.
+    oci-archive:FILE.tar is a layout as one tar file (written to a temporary name, then renamed;
+    an existing archive is rewritten with the tag added). --as-image pushes a regular image:
+    each file as an uncompressed tar layer at /models/NAME/FORMAT/PATH, mreg's manifest at
+    /models/NAME/manifest.json (default tag N-image); --base IMAGE puts an image's layers below
+    (a KServe modelcar runs a shell in it).
     """
     local = local_store(settings_for(config_path, store=store))
     v = local.resolve(parse_ref(ref))
     if _is_oci(remote):
-        _push_oci(local, v, remote, force, insecure, as_json)
+        _push_oci(local, v, remote, force, insecure, as_json, as_image, base)
         return
+    if as_image or base:
+        raise click.UsageError("--as-image and --base are for OCI destinations (oci://, oci-layout:, oci-archive:)")
     out = api.push(local, v, s3_store(remote), progress=progress_for(as_json), verify_remote=verify_remote)
     doc = {"name": v.name, "local_version": v.number, "remote": remote, "remote_version": out.version.number,
            "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
@@ -89,9 +103,12 @@ def push_cmd(ref: str, remote: str, force: bool, insecure: bool, verify_remote: 
            "does not match" if out.signatures_left else "") + ")"))
 
 
-def _push_oci(local: LocalStore, v: Version, remote: str, force: bool, insecure: bool, as_json: bool) -> None:
-    out = api.oci_push(local, v, remote, force=force, insecure=insecure, progress=progress_for(as_json))
-    doc = {"name": v.name, "local_version": v.number, "remote": remote, "tag": out.tag, "digest": out.digest,
+def _push_oci(local: LocalStore, v: Version, remote: str, force: bool, insecure: bool, as_json: bool,
+              as_image: bool, base: str | None) -> None:
+    out = api.oci_push(local, v, remote, force=force, insecure=insecure, progress=progress_for(as_json),
+                       as_image=as_image, base=base)
+    doc = {"name": v.name, "local_version": v.number, "remote": remote, "as_image": as_image, "base": base,
+           "tag": out.tag, "digest": out.digest,
            "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
            "present_blobs": out.present_blobs, "replaced": out.replaced}
     Output(as_json).result(doc, (
@@ -102,7 +119,8 @@ def _push_oci(local: LocalStore, v: Version, remote: str, force: bool, insecure:
 
 
 @click.command("sync")
-@click.argument("remote", metavar="s3://BUCKET/PREFIX | oci://HOST/REPO:TAG|@DIGEST | oci-layout:DIR[:TAG]")
+@click.argument("remote", metavar="s3://BUCKET/PREFIX | oci://HOST/REPO:TAG|@DIGEST | oci-layout:DIR[:TAG] | "
+                                  "oci-archive:FILE.tar[:TAG]")
 @click.argument("name", required=False)
 @click.option("--alias", default="production", show_default=True,
               help="Remote alias to follow (S3); the local alias to flip (both).")
@@ -119,8 +137,10 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
     local symlink is flipped, so an engine's mount path moves from one complete tree to another.
     With --watch it keeps following the alias until SIGTERM or Ctrl-C (one JSON line per change).
 
-    From OCI (NAME optional: the artifact names its version), the version mreg pushed there is
-    reproduced exactly, under its number, every layer verified, and the local --alias flips to it.
+    From OCI (a registry, a layout directory or an oci-archive:FILE.tar, read in place; NAME
+    optional: the artifact names its version), the version mreg pushed there is reproduced
+    exactly, under its number, every layer verified, and the local --alias flips to it (from an
+    image pushed with --as-image too).
 
     From S3, with a trust policy in the config file (`[trust]`, `[models.NAME.trust]`), a version
     none of whose signatures verifies against it is refused (exit 6) before anything is downloaded

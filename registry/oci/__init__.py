@@ -11,8 +11,12 @@ manifest as a layer, so a pull reproduces the version byte for byte::
                application/vnd.cncf.model.doc.v1.raw        title hf/README.md
                application/vnd.mreg.manifest.v1+json        title .mreg/manifest.json (digest = manifest digest)
 
-`reference` parses ``oci://HOST/REPO:TAG|@sha256:…`` and ``oci-layout:DIR[:TAG]``; `pack` builds the
-manifest and config (pure); `registry` (HTTP, with `auth`) and `layout` (a directory) are the two
-targets behind one protocol (`target`); `transfer` pushes, pulls into the cache and syncs into a store.
+`reference` parses ``oci://HOST/REPO:TAG|@sha256:…``, ``oci-layout:DIR[:TAG]`` and
+``oci-archive:FILE.tar[:TAG]``; `pack` builds the manifest and config (pure); `image` builds the
+same version as a regular image (`--as-image`: one deterministic tar layer per file, for
+Kubernetes image volumes; `base` reads an image to build on, `unpack` reads mreg's images back
+as their versions); `registry` (HTTP, with `auth`), `layout` (a directory) and `archive`
+(a layout as one tar file, read in place) are the targets behind one protocol (`target`);
+`transfer` pushes, pulls into the cache and syncs into a store.
 Tags are names, not aliases: promotion stays in the store.
 """

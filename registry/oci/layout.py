@@ -23,7 +23,7 @@ from registry.digest import file_chunks, write_hashed
 from registry.errors import IntegrityError, NotFound
 from registry.oci import media
 from registry.oci.reference import DIGEST, LayoutRef
-from registry.oci.target import MAX_MANIFEST, FetchedManifest
+from registry.oci.target import MAX_MANIFEST, BlobBody, FetchedManifest
 
 
 class LayoutTarget:
@@ -54,9 +54,9 @@ class LayoutTarget:
         except FileNotFoundError:
             return None
 
-    def upload_blob(self, digest: str, size: int, path: Path, advance: Callable[[int], None]) -> None:
-        """Copy a file in as the blob `digest`, hashed while copied; a mismatch leaves nothing."""
-        self._write(digest, file_chunks(path), advance)
+    def upload_blob(self, digest: str, size: int, path: BlobBody, advance: Callable[[int], None]) -> None:
+        """Copy a file (or a source's bytes) in as the blob `digest`, hashed while copied; nothing on a mismatch."""
+        self._write(digest, file_chunks(path) if isinstance(path, Path) else path.chunks(), advance)
 
     def _write(self, digest: str, chunks: Any, advance: Callable[[int], None] | None = None) -> None:
         dest = self._blob(digest)
@@ -93,19 +93,9 @@ class LayoutTarget:
 
     def get_manifest(self, reference: str) -> FetchedManifest | None:
         """The manifest a tag, a digest, or (with "" and a single entry) the index names."""
-        entries = [m for m in self._index().get("manifests", []) if isinstance(m, dict)]
-        if reference:
-            hits = [m for m in entries if m.get("digest") == reference
-                    or (m.get("annotations") or {}).get(media.REF_NAME) == reference]
-        else:
-            hits = entries if len(entries) == 1 else []
-            if len(entries) > 1:
-                tags = sorted(str((m.get("annotations") or {}).get(media.REF_NAME)) for m in entries)
-                raise NotFound(f"{self.location} holds {len(entries)} manifests; say which",
-                               hint=f"add :TAG to the layout reference ({', '.join(tags[:5])})")
-        if not hits:
+        entry = select_entry(self.location, self._index(), reference)
+        if entry is None:
             return None
-        entry = hits[-1]
         path = self._blob(str(entry.get("digest")))
         if not path.is_file() or path.stat().st_size > MAX_MANIFEST:
             raise IntegrityError(f"{self.location}: the manifest {entry.get('digest')} is missing or too large",
@@ -120,10 +110,27 @@ class LayoutTarget:
         self._write(digest, iter([data]))
         lock = self.root / f"{layout.OCI_INDEX_FILE}.lock"  # kept: unlinking it would race the next writer
         with atomic.flock(lock):
-            index = self._index()
-            kept = [m for m in index.get("manifests", [])
-                    if (m.get("annotations") or {}).get(media.REF_NAME) != tag]
-            kept.append({"mediaType": media_type, "digest": digest, "size": len(data),
-                         "annotations": {media.REF_NAME: tag}})
-            index["manifests"] = kept
+            index = retag(self._index(), digest, media_type, len(data), tag)
             atomic.write_bytes(self.root / layout.OCI_INDEX_FILE, json.dumps(index, indent=2).encode())
+
+
+def select_entry(location: str, index: dict[str, Any], reference: str) -> dict[str, Any] | None:
+    """The index entry a tag or digest names, or with "" the only one (pure; several is a NotFound)."""
+    entries = [m for m in index.get("manifests", []) if isinstance(m, dict)]
+    if reference:
+        hits = [m for m in entries if m.get("digest") == reference
+                or (m.get("annotations") or {}).get(media.REF_NAME) == reference]
+    else:
+        hits = entries if len(entries) == 1 else []
+        if len(entries) > 1:
+            tags = sorted(str((m.get("annotations") or {}).get(media.REF_NAME)) for m in entries)
+            raise NotFound(f"{location} holds {len(entries)} manifests; say which",
+                           hint=f"add :TAG to the layout reference ({', '.join(tags[:5])})")
+    return hits[-1] if hits else None
+
+
+def retag(index: dict[str, Any], digest: str, media_type: str, size: int, tag: str) -> dict[str, Any]:
+    """The index with `tag` moved to a manifest (pure)."""
+    kept = [m for m in index.get("manifests", []) if (m.get("annotations") or {}).get(media.REF_NAME) != tag]
+    kept.append({"mediaType": media_type, "digest": digest, "size": size, "annotations": {media.REF_NAME: tag}})
+    return {**index, "manifests": kept}

@@ -8,6 +8,10 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 OCI_EMPTY = "application/vnd.oci.empty.v1+json"
+#: A regular image (`--as-image`): its config, and uncompressed tar layers.
+IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
+IMAGE_CONFIG_TYPES = frozenset({IMAGE_CONFIG, "application/vnd.docker.container.image.v1+json"})
+TAR_LAYER = "application/vnd.oci.image.layer.v1.tar"
 
 MODEL_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
 MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
@@ -32,6 +36,11 @@ FILEPATH = "org.cncf.model.filepath"
 MREG_NAME = "dev.mreg.name"
 MREG_VERSION = "dev.mreg.version"
 MREG_FORMAT = "dev.mreg.format"
+MREG_PATH = "dev.mreg.path"
+MREG_MANIFEST_DIGEST = "dev.mreg.manifest-digest"
+VERSION = "org.opencontainers.image.version"
+BASE_NAME = "org.opencontainers.image.base.name"
+BASE_DIGEST = "org.opencontainers.image.base.digest"
 
 _WEIGHTS = (".safetensors", ".gguf", ".onnx", ".onnx_data", ".data", ".plan", ".engine", ".bin", ".pt", ".pth")
 _DOCS = (".md", ".txt", ".rst", ".pdf")

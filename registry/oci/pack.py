@@ -13,18 +13,21 @@ from typing import Any
 
 from manifests import GGUFRequirements, Manifest, TensorRTRequirements
 from registry.oci import media
+from registry.oci.target import BlobSource
 
 MREG_MANIFEST_TITLE = ".mreg/manifest.json"
 
 
 @dataclass(frozen=True)
 class Blob:
-    """A blob of the artifact: a store blob (by its sha256) or bytes made here (config, mreg manifest)."""
+    """A blob of the artifact: a store blob (by its sha256), bytes made here (config, mreg manifest), or bytes
+    made while sent (an image's tar layer)."""
 
     digest: str
     size: int
     media_type: str
     data: bytes | None = None
+    source: BlobSource | None = None
 
 
 @dataclass(frozen=True)
@@ -36,15 +39,18 @@ class Packed:
     digest: str
 
 
-def _canonical(doc: Any) -> bytes:
+def canonical(doc: Any) -> bytes:
+    """JSON with sorted keys and no spaces: the same document always gives the same bytes."""
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _digest(data: bytes) -> str:
+def digest_of(data: bytes) -> str:
+    """`sha256:HEX` of some bytes."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _descriptor(blob: Blob, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def descriptor(blob: Blob, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """The OCI descriptor of a blob (media type, digest, size, annotations when any)."""
     d: dict[str, Any] = {"mediaType": blob.media_type, "digest": blob.digest, "size": blob.size}
     if annotations:
         d["annotations"] = annotations
@@ -82,19 +88,19 @@ def pack(m: Manifest, manifest_raw: bytes) -> Packed:
             title = f"{art.path}/{f.path}"
             layers.append((Blob(f"sha256:{f.sha256}", f.size, media.layer_type(f.path)),
                            {media.TITLE: title, media.FILEPATH: title, media.MREG_FORMAT: art.format}))
-    own = Blob(_digest(manifest_raw), len(manifest_raw), media.MREG_MANIFEST, manifest_raw)
+    own = Blob(digest_of(manifest_raw), len(manifest_raw), media.MREG_MANIFEST, manifest_raw)
     layers.append((own, {media.TITLE: MREG_MANIFEST_TITLE}))
-    config_raw = _canonical(model_config(m, [b.digest for b, _ in layers]))
-    config = Blob(_digest(config_raw), len(config_raw), media.MODEL_CONFIG, config_raw)
+    config_raw = canonical(model_config(m, [b.digest for b, _ in layers]))
+    config = Blob(digest_of(config_raw), len(config_raw), media.MODEL_CONFIG, config_raw)
     doc = {
         "schemaVersion": 2,
         "mediaType": media.OCI_MANIFEST,
         "artifactType": media.MODEL_ARTIFACT,
-        "config": _descriptor(config),
-        "layers": [_descriptor(b, a) for b, a in layers],
+        "config": descriptor(config),
+        "layers": [descriptor(b, a) for b, a in layers],
         "annotations": {media.CREATED: m.created.at.isoformat().replace("+00:00", "Z"),
                         media.MREG_NAME: m.name, media.MREG_VERSION: str(m.version)},
     }
-    raw = _canonical(doc)
+    raw = canonical(doc)
     unique = {b.digest: b for b in [config, *(b for b, _ in layers)]}
-    return Packed(tuple(unique.values()), raw, _digest(raw))
+    return Packed(tuple(unique.values()), raw, digest_of(raw))

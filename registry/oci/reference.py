@@ -1,4 +1,5 @@
-"""Where a version goes or comes from: `oci://HOST[:PORT]/REPO[:TAG|@sha256:HEX]` or `oci-layout:DIR[:TAG]`."""
+"""Where a version goes or comes from: `oci://HOST[:PORT]/REPO[:TAG|@sha256:HEX]`, `oci-layout:DIR[:TAG]` or
+`oci-archive:FILE.tar[:TAG]`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from registry.errors import UsageError
 
 SCHEME = "oci://"
 LAYOUT_SCHEME = "oci-layout:"
+ARCHIVE_SCHEME = "oci-archive:"
 _HOST = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$")
 _REPO = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
 TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
@@ -60,22 +62,35 @@ class LayoutRef:
         return f"{LAYOUT_SCHEME}{self.path}{at}"
 
 
+@dataclass(frozen=True)
+class ArchiveRef(LayoutRef):
+    """An OCI image layout carried as one tar file (what `skopeo copy … oci-archive:FILE.tar:TAG` writes)."""
+
+    def __str__(self) -> str:
+        at = f"@{self.digest}" if self.digest else f":{self.tag}" if self.tag else ""
+        return f"{ARCHIVE_SCHEME}{self.path}{at}"
+
+
 def is_oci(text: str) -> bool:
-    """Whether a location names an OCI registry or layout rather than a store or hub repository."""
-    return text.startswith((SCHEME, LAYOUT_SCHEME))
+    """Whether a location names an OCI registry, layout or archive rather than a store or hub repository."""
+    return text.startswith((SCHEME, LAYOUT_SCHEME, ARCHIVE_SCHEME))
 
 
 def _bad(text: str, why: str) -> UsageError:
     return UsageError(f"bad OCI reference {text!r}: {why}",
-                      hint="use oci://HOST[:PORT]/REPO[:TAG|@sha256:DIGEST] or oci-layout:DIR[:TAG]")
+                      hint="use oci://HOST[:PORT]/REPO[:TAG|@sha256:DIGEST], oci-layout:DIR[:TAG] or "
+                           "oci-archive:FILE.tar[:TAG]")
 
 
 def parse(text: str) -> OciRef | LayoutRef:
     """Parse a registry or layout reference, refusing anything the distribution spec does not allow."""
     if text.startswith(LAYOUT_SCHEME):
-        return _parse_layout(text)
+        return _parse_layout(text, LAYOUT_SCHEME)
+    if text.startswith(ARCHIVE_SCHEME):
+        ref = _parse_layout(text, ARCHIVE_SCHEME)
+        return ArchiveRef(ref.path, ref.tag, ref.digest)
     if not text.startswith(SCHEME):
-        raise _bad(text, "it starts with neither oci:// nor oci-layout:")
+        raise _bad(text, "it starts with none of oci://, oci-layout: and oci-archive:")
     rest = text[len(SCHEME):]
     host, _, path = rest.partition("/")
     if not _HOST.match(host):
@@ -94,8 +109,8 @@ def parse(text: str) -> OciRef | LayoutRef:
     return OciRef(host, path, tag, digest)
 
 
-def _parse_layout(text: str) -> LayoutRef:
-    rest = text[len(LAYOUT_SCHEME):]
+def _parse_layout(text: str, scheme: str) -> LayoutRef:
+    rest = text[len(scheme):]
     if rest.startswith("//"):
         rest = rest[2:]
     digest = tag = None
@@ -106,5 +121,5 @@ def _parse_layout(text: str) -> LayoutRef:
         if sep and "/" not in last and TAG.match(last) and head:
             rest, tag = head, last
     if not rest:
-        raise _bad(text, "no directory")
+        raise _bad(text, "no directory" if scheme == LAYOUT_SCHEME else "no file")
     return LayoutRef(Path(rest).expanduser(), tag, digest)

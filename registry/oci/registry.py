@@ -27,7 +27,7 @@ import httpx2
 from registry.errors import CredentialsRefused, IntegrityError, NotFound, StoreUnreachable, UsageError
 from registry.oci import auth, media
 from registry.oci.reference import OciRef
-from registry.oci.target import MAX_MANIFEST, FetchedManifest
+from registry.oci.target import MAX_MANIFEST, BlobBody, FetchedManifest
 
 #: Blobs up to this size go in one PUT; larger ones in PATCH chunks of `CHUNK` bytes.
 MONOLITHIC_MAX = 64 << 20
@@ -37,10 +37,15 @@ ACCEPT = ", ".join((media.OCI_MANIFEST, media.OCI_INDEX, media.DOCKER_MANIFEST))
 Body = Callable[[], Iterable[bytes]] | bytes | None
 
 
-def _file_body(path: Path, start: int = 0, length: int | None = None) -> Callable[[], Iterator[bytes]]:
+def _file_body(path: BlobBody, start: int = 0, length: int | None = None) -> Callable[[], Iterator[bytes]]:
+    if not isinstance(path, Path):  # bytes made on the fly (an image's tar layer)
+        source = path
+        return lambda: source.chunks(start, length)
+    file = path
+
     def chunks() -> Iterator[bytes]:
         left = length
-        with open(path, "rb") as f:
+        with open(file, "rb") as f:
             f.seek(start)
             while left is None or left > 0:
                 block = f.read(READ if left is None else min(READ, left))
@@ -169,7 +174,7 @@ class RegistryTarget:
             raise self._fail(resp, f"HEAD blob {digest[:19]}…")
         return int(resp.headers.get("content-length", "-1"))
 
-    def upload_blob(self, digest: str, size: int, path: Path, advance: Callable[[int], None]) -> None:
+    def upload_blob(self, digest: str, size: int, path: BlobBody, advance: Callable[[int], None]) -> None:
         """POST a session, then one PUT (small) or PATCH chunks and a closing PUT (large), each streamed."""
         resp = self._send("POST", f"{self.base}blobs/uploads/", headers={"Content-Length": "0"})
         if resp.status_code != 202:

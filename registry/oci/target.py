@@ -20,6 +20,21 @@ class FetchedManifest:
     digest: str
 
 
+class BlobSource(Protocol):
+    """Bytes made on the fly rather than read from one file (an image's tar layer), re-readable from any offset."""
+
+    @property
+    def size(self) -> int:
+        """How many bytes the source makes."""
+
+    def chunks(self, start: int = 0, length: int | None = None) -> Iterator[bytes]:
+        """The bytes from `start`, `length` of them (to the end when None)."""
+
+
+#: What a blob is sent from: a file, or a source that makes its bytes.
+BlobBody = Path | BlobSource
+
+
 class Target(Protocol):
     """A content-addressed place for blobs and manifests, with tags."""
 
@@ -28,8 +43,8 @@ class Target(Protocol):
     def blob_size(self, digest: str) -> int | None:
         """The size of a blob the target has (`sha256:…`), or None."""
 
-    def upload_blob(self, digest: str, size: int, path: Path, advance: Callable[[int], None]) -> None:
-        """Send a file as the blob `digest`; the target refuses it if its bytes do not match."""
+    def upload_blob(self, digest: str, size: int, path: BlobBody, advance: Callable[[int], None]) -> None:
+        """Send a file (or a source's bytes) as the blob `digest`; the target refuses it if its bytes do not match."""
 
     def open_blob(self, digest: str) -> Iterator[bytes]:
         """A blob's bytes, streamed (the caller verifies them)."""

@@ -28,11 +28,15 @@ from registry.cache.records import Snapshot
 from registry.digest import write_hashed
 from registry.errors import Conflict, IntegrityError, NotFound, UsageError
 from registry.oci import media
+from registry.oci.archive import ArchiveTarget
+from registry.oci.base import BaseImage
+from registry.oci.image import pack_image
 from registry.oci.layout import LayoutTarget
 from registry.oci.pack import pack
-from registry.oci.reference import DIGEST, LayoutRef, OciRef
+from registry.oci.reference import DIGEST, ArchiveRef, LayoutRef, OciRef
 from registry.oci.registry import RegistryTarget
 from registry.oci.target import FetchedManifest, Target
+from registry.oci.unpack import ImageReader
 from registry.progress import NoProgress, Progress
 from registry.store.local import LocalStore
 from registry.store.protocol import Version
@@ -42,11 +46,25 @@ MAX_MREG_MANIFEST = 16 << 20
 
 
 def open_target(ref: OciRef | LayoutRef, *, insecure: bool = False, create: bool = False,
-                chunk: int | None = None) -> Target:
-    """The target a reference names (a layout is created for a push)."""
-    if isinstance(ref, LayoutRef):
-        return LayoutTarget(ref, create=create)
-    return RegistryTarget(ref, insecure=insecure, **({"chunk": chunk, "monolithic_max": chunk} if chunk else {}))
+                chunk: int | None = None, images: bool = True) -> Target:
+    """The target a reference names (a layout or archive is created for a push); for reading, with `images`, mreg
+    images read as the versions they carry (`unpack`)."""
+    target: Target
+    if isinstance(ref, ArchiveRef):
+        target = ArchiveTarget(ref, create=create)
+    elif isinstance(ref, LayoutRef):
+        target = LayoutTarget(ref, create=create)
+    else:
+        target = RegistryTarget(ref, insecure=insecure,
+                                **({"chunk": chunk, "monolithic_max": chunk} if chunk else {}))
+    return target if create or not images else ImageReader(target)
+
+
+def close_target(target: Target) -> None:
+    """Release what a target holds (connections; an archive left unfinished is abandoned)."""
+    close = getattr(target, "close", None)
+    if close is not None:
+        close()
 
 
 @dataclass(frozen=True)
@@ -63,11 +81,13 @@ class OciPushOutcome:
 
 
 def push(store: LocalStore, version: Version, target: Target, tag: str, *, force: bool = False,
-         progress: Progress | None = None) -> OciPushOutcome:
-    """Publish a version under `tag`: missing blobs first, the manifest last."""
+         progress: Progress | None = None, as_image: bool = False, base: BaseImage | None = None) -> OciPushOutcome:
+    """Publish a version under `tag` (as a ModelPack artifact, or a regular image, over `base` when given): missing
+    blobs first, the manifest last."""
     progress = progress or NoProgress()
     raw = (Path(version.path) / layout.MANIFEST).read_bytes()
-    packed = pack(version.manifest, raw)
+    packed = pack_image(store.root, version.manifest, raw, progress, base) if as_image else \
+        pack(version.manifest, raw)
     current = target.get_manifest(tag)
     if current is not None and current.digest == packed.digest:
         return OciPushOutcome(packed.digest, tag, True, 0, 0, len(packed.blobs))
@@ -79,7 +99,9 @@ def push(store: LocalStore, version: Version, target: Target, tag: str, *, force
     missing = [b for b in packed.blobs if target.blob_size(b.digest) != b.size]
     progress.start(f"pushing {version.name}@{version.number}", sum(b.size for b in missing))
     for b in missing:
-        if b.data is not None:
+        if b.source is not None:
+            target.upload_blob(b.digest, b.size, b.source, progress.advance)
+        elif b.data is not None:
             tmp = _spill(store, b.data)
             try:
                 target.upload_blob(b.digest, b.size, tmp, progress.advance)
@@ -149,6 +171,9 @@ def read_artifact(target: Target, reference: str | None) -> ReadArtifact:
         raise UsageError(f"{where} is an image index, not one artifact", hint="give the digest of one manifest")
     config = doc.get("config") or {}
     kind = doc.get("artifactType") or config.get("mediaType", "")
+    if kind in media.IMAGE_CONFIG_TYPES:
+        raise UsageError(f"{where} is a container image mreg did not make, not a model artifact",
+                         hint="pull a ModelPack artifact, or an image made by `mreg push --as-image`")
     raw_layers = [d for d in doc["layers"] if isinstance(d, dict)]
     if len(raw_layers) != len(doc["layers"]):
         raise _hostile(where, "a layer descriptor is not an object")
@@ -201,11 +226,13 @@ def _chunks(target: Target, digest: str) -> Callable[[], Iterator[bytes]]:
 
 
 def cache_repo(ref: OciRef | LayoutRef) -> str:
-    """The cache's repository id for an OCI source (`oci/HOST/REPO`, or `oci-layout/DIR-NAME-HASH`)."""
+    """The cache's repository id for an OCI source (`oci/HOST/REPO`, `oci-layout/DIR-NAME-HASH` or
+    `oci-archive/FILE-NAME-HASH`)."""
     if isinstance(ref, LayoutRef):
         path = str(ref.path.expanduser().resolve())
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", ref.path.name).strip("-.") or "layout"
-        return f"oci-layout/{slug}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
+        kind = "oci-archive" if isinstance(ref, ArchiveRef) else "oci-layout"
+        return f"{kind}/{slug}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
     return "oci/" + re.sub(r"[^A-Za-z0-9._-]+", "-", f"{ref.host}/{ref.repository}").strip("-.")
 
 
