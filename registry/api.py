@@ -344,14 +344,17 @@ def oci_push(store: LocalStore, version: str | Version, destination: str, *, for
              insecure: bool = False, progress: Progress | None = None,
              chunk: int | None = None) -> OciPushOutcome:
     """Publish a local version to `oci://HOST/REPO[:TAG]` or `oci-layout:DIR[:TAG]` as a ModelPack artifact (the
-    tag defaults to the version number); a tag naming another digest is refused unless `force`."""
+    tag defaults to the version number); a tag naming another digest is refused unless `force`. A chunked upload
+    a killed push left is resumed (sessions under the store's tmp/, `registry.oci.uploads`)."""
+    from registry import layout
     from registry.oci import reference, transfer
 
     v = store.resolve(parse_ref(version)) if isinstance(version, str) else version
     ref = reference.parse(destination)
     if ref.digest:
         raise UsageError(f"push to a tag, not a digest: {destination}", hint="e.g. oci://HOST/REPO:v1")
-    target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk)
+    target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk,
+                                  sessions=layout.oci_uploads_dir(store.root))
     return transfer.push(store, v, target, ref.tag or str(v.number), force=force, progress=progress)
 
 

@@ -93,12 +93,14 @@ def _push_oci(local: LocalStore, v: Version, remote: str, force: bool, insecure:
     out = api.oci_push(local, v, remote, force=force, insecure=insecure, progress=progress_for(as_json))
     doc = {"name": v.name, "local_version": v.number, "remote": remote, "tag": out.tag, "digest": out.digest,
            "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
-           "present_blobs": out.present_blobs, "replaced": out.replaced}
+           "present_blobs": out.present_blobs, "replaced": out.replaced, "resumed_bytes": out.resumed_bytes}
     Output(as_json).result(doc, (
         f"✓ {v.name}@{v.number} → {remote} (tag {out.tag}, {out.digest[:19]}…; "
         + ("already there; nothing uploaded)" if out.reused else
            f"{out.uploaded_blobs} blob(s), {human_size(out.uploaded_bytes)} uploaded; {out.present_blobs} "
-           "already there" + (f"; tag moved from {out.replaced[:19]}…" if out.replaced else "") + ")")))
+           "already there" + (f"; {human_size(out.resumed_bytes)} resumed from an interrupted upload"
+                              if out.resumed_bytes else "")
+           + (f"; tag moved from {out.replaced[:19]}…" if out.replaced else "") + ")")))
 
 
 @click.command("sync")

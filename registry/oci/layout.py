@@ -54,9 +54,10 @@ class LayoutTarget:
         except FileNotFoundError:
             return None
 
-    def upload_blob(self, digest: str, size: int, path: Path, advance: Callable[[int], None]) -> None:
-        """Copy a file in as the blob `digest`, hashed while copied; a mismatch leaves nothing."""
+    def upload_blob(self, digest: str, size: int, path: Path, advance: Callable[[int], None]) -> int:
+        """Copy a file in as the blob `digest`, hashed while copied; a mismatch leaves nothing (nothing resumes)."""
         self._write(digest, file_chunks(path), advance)
+        return 0
 
     def _write(self, digest: str, chunks: Any, advance: Callable[[int], None] | None = None) -> None:
         dest = self._blob(digest)

@@ -27,7 +27,7 @@ from registry.cache.plan import unsafe_reason
 from registry.cache.records import Snapshot
 from registry.digest import write_hashed
 from registry.errors import Conflict, IntegrityError, NotFound, UsageError
-from registry.oci import media
+from registry.oci import media, uploads
 from registry.oci.layout import LayoutTarget
 from registry.oci.pack import pack
 from registry.oci.reference import DIGEST, LayoutRef, OciRef
@@ -42,11 +42,13 @@ MAX_MREG_MANIFEST = 16 << 20
 
 
 def open_target(ref: OciRef | LayoutRef, *, insecure: bool = False, create: bool = False,
-                chunk: int | None = None) -> Target:
-    """The target a reference names (a layout is created for a push)."""
+                chunk: int | None = None, sessions: Path | None = None) -> Target:
+    """The target a reference names (a layout is created for a push; `sessions`: where a push keeps its
+    resumable uploads, `registry.oci.uploads`)."""
     if isinstance(ref, LayoutRef):
         return LayoutTarget(ref, create=create)
-    return RegistryTarget(ref, insecure=insecure, **({"chunk": chunk, "monolithic_max": chunk} if chunk else {}))
+    return RegistryTarget(ref, insecure=insecure, sessions=sessions,
+                          **({"chunk": chunk, "monolithic_max": chunk} if chunk else {}))
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class OciPushOutcome:
     uploaded_bytes: int
     present_blobs: int
     replaced: str | None = None
+    #: Bytes of `uploaded_bytes`' blobs not sent again: the registry had them from an interrupted upload.
+    resumed_bytes: int = 0
 
 
 def push(store: LocalStore, version: Version, target: Target, tag: str, *, force: bool = False,
@@ -78,20 +82,25 @@ def push(store: LocalStore, version: Version, target: Target, tag: str, *, force
                             "digest keep it; the tag is not compare-and-swap)")
     missing = [b for b in packed.blobs if target.blob_size(b.digest) != b.size]
     progress.start(f"pushing {version.name}@{version.number}", sum(b.size for b in missing))
-    for b in missing:
-        if b.data is not None:
-            tmp = _spill(store, b.data)
-            try:
-                target.upload_blob(b.digest, b.size, tmp, progress.advance)
-            finally:
-                tmp.unlink(missing_ok=True)
-        else:
-            target.upload_blob(b.digest, b.size, layout.blob_path(store.root, b.digest.split(":", 1)[1]),
-                               progress.advance)
-    progress.done()
-    target.put_manifest(packed.manifest, media.OCI_MANIFEST, tag)
-    return OciPushOutcome(packed.digest, tag, False, len(missing), sum(b.size for b in missing),
-                          len(packed.blobs) - len(missing), current.digest if current else None)
+    resumed = 0
+    with uploads.pushing(store.root):  # gc leaves the upload sessions of a running push alone
+        for b in missing:
+            if b.data is not None:
+                tmp = _spill(store, b.data)
+                try:
+                    resumed += target.upload_blob(b.digest, b.size, tmp, progress.advance)
+                finally:
+                    tmp.unlink(missing_ok=True)
+            else:
+                resumed += target.upload_blob(b.digest, b.size,
+                                              layout.blob_path(store.root, b.digest.split(":", 1)[1]),
+                                              progress.advance)
+        progress.done()
+        target.put_manifest(packed.manifest, media.OCI_MANIFEST, tag)
+        if isinstance(target, RegistryTarget) and target.sessions is not None:
+            target.sessions.clear()  # every blob is there now: what is left of this target is stale
+    return OciPushOutcome(packed.digest, tag, False, len(missing), sum(b.size for b in missing) - resumed,
+                          len(packed.blobs) - len(missing), current.digest if current else None, resumed)
 
 
 def _spill(store: LocalStore, data: bytes) -> Path:
@@ -171,7 +180,7 @@ def read_artifact(target: Target, reference: str | None) -> ReadArtifact:
             continue  # an untitled layer is not a file
         if (why := unsafe_reason(title)) is not None:
             raise _hostile(where, f"layer title {title[:80]!r}: {why}")
-        if not media.is_raw_file(mt):
+        if not media.is_raw_file(mt) and not media.is_oras_file(mt, str(config.get("mediaType", "")), notes):
             raise UsageError(f"{where}: layer {title} is {mt}, not a raw file",
                              hint="images (--as-image, tar layers) are for container runtimes; pull the artifact")
         layers.append(Layer(title, digest, size, mt, notes.get(media.MREG_FORMAT)))
