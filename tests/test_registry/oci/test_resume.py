@@ -132,3 +132,24 @@ def test_gc_removes_the_sessions_of_a_push_that_is_not_running(mreg: Any, tmp_pa
         assert str(tmp_path / "store/tmp/oci-uploads") not in ok(mreg("gc", "--dry-run", "--json"))["staging"]
     ok(mreg("gc", "--yes", "--json"))
     assert not (tmp_path / "store/tmp/oci-uploads").exists()
+
+
+def test_a_planted_session_is_never_followed_off_the_registry(mreg: Any, tmp_path: Path, repo: str) -> None:
+    """A session file is local state, not trusted: one naming another origin (where our Authorization would go) or
+    one that does not parse is dropped, and the blob is sent from its first byte."""
+    weights = _published(mreg, tmp_path)
+    from registry.oci.uploads import UploadSessions
+
+    target = repo.removeprefix("oci://")
+    sessions = UploadSessions(tmp_path / "store/tmp/oci-uploads", target)
+    sessions.save(f"sha256:{weights['sha256']}", weights["size"], "http://127.0.0.2:9/v2/elsewhere/uploads/x",
+                  CHUNK)
+    config_json = next(f for f in json.loads((tmp_path / "store/models/m/versions/1/manifest.json").read_text())
+                       ["artifacts"][0]["files"] if f["path"] == "config.json")
+    sessions._path(f"sha256:{config_json['sha256']}").write_text("{not json")
+    from registry import api
+
+    done = api.oci_push(api.open_local_store(tmp_path / "store"), "m@1", f"{repo}:v1", insecure=True, chunk=CHUNK)
+    assert done.resumed_bytes == 0 and not _sessions(tmp_path / "store")
+    assert not list((tmp_path / "store/tmp/oci-uploads").iterdir())
+    assert ok(mreg("pull", f"{repo}:v1", "--insecure", "--cache-dir", tmp_path / "cache2", "--json"))["files"] == 2
