@@ -342,10 +342,11 @@ def check(store: LocalStore, ref: str, golden: str | Path, *, fmt: str | None = 
 
 def oci_push(store: LocalStore, version: str | Version, destination: str, *, force: bool = False,
              insecure: bool = False, progress: Progress | None = None,
-             chunk: int | None = None) -> OciPushOutcome:
+             chunk: int | None = None, stop: threading.Event | None = None) -> OciPushOutcome:
     """Publish a local version to `oci://HOST/REPO[:TAG]` or `oci-layout:DIR[:TAG]` as a ModelPack artifact (the
     tag defaults to the version number); a tag naming another digest is refused unless `force`. A chunked upload
-    a killed push left is resumed (sessions under the store's tmp/, `registry.oci.uploads`)."""
+    a killed push left is resumed (sessions under the store's tmp/, `registry.oci.uploads`); with `stop` set (the
+    CLI sets it on SIGINT/SIGTERM) a push to a registry ends at the next chunk boundary, resumable (`Interrupted`)."""
     from registry import layout
     from registry.oci import reference, transfer
 
@@ -354,7 +355,7 @@ def oci_push(store: LocalStore, version: str | Version, destination: str, *, for
     if ref.digest:
         raise UsageError(f"push to a tag, not a digest: {destination}", hint="e.g. oci://HOST/REPO:v1")
     target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk,
-                                  sessions=layout.oci_uploads_dir(store.root))
+                                  sessions=layout.oci_uploads_dir(store.root), stop=stop)
     return transfer.push(store, v, target, ref.tag or str(v.number), force=force, progress=progress)
 
 

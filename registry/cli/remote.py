@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -89,8 +93,33 @@ def push_cmd(ref: str, remote: str, force: bool, insecure: bool, verify_remote: 
            "does not match" if out.signatures_left else "") + ")"))
 
 
+@contextlib.contextmanager
+def stop_on_signals(output: Output) -> Iterator[threading.Event]:
+    """SIGINT or SIGTERM once: the push finishes the chunk it is sending and stops where the next push resumes
+    (distribution drops an upload whose PATCH was cut); a second one stops at once (KeyboardInterrupt)."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        output.warn(f"{signal.Signals(signum).name}: stopping after the chunk being sent (again to stop now)")
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def _push_oci(local: LocalStore, v: Version, remote: str, force: bool, insecure: bool, as_json: bool) -> None:
-    out = api.oci_push(local, v, remote, force=force, insecure=insecure, progress=progress_for(as_json))
+    with stop_on_signals(Output(as_json)) as stop:
+        out = api.oci_push(local, v, remote, force=force, insecure=insecure, progress=progress_for(as_json),
+                           stop=stop)
     doc = {"name": v.name, "local_version": v.number, "remote": remote, "tag": out.tag, "digest": out.digest,
            "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
            "present_blobs": out.present_blobs, "replaced": out.replaced, "resumed_bytes": out.resumed_bytes}
@@ -128,9 +157,6 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
     none of whose signatures verifies against it is refused (exit 6) before anything is downloaded
     (signatures do not travel over OCI yet: under a trust policy an OCI sync is refused, exit 6).
     """
-    import signal
-    import threading
-
     if _is_oci(remote):
         if watch is not None:
             raise click.UsageError("--watch follows S3 aliases; an OCI tag is not an alias")

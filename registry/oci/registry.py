@@ -19,6 +19,7 @@ import hashlib
 import ipaddress
 import json
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx2
 
-from registry.errors import CredentialsRefused, IntegrityError, NotFound, StoreUnreachable, UsageError
+from registry.errors import CredentialsRefused, IntegrityError, Interrupted, NotFound, StoreUnreachable, UsageError
 from registry.oci import auth, media
 from registry.oci.reference import OciRef
 from registry.oci.target import MAX_MANIFEST, FetchedManifest
@@ -67,7 +68,8 @@ class RegistryTarget:
     """One repository of a registry, as a push or pull `Target`."""
 
     def __init__(self, ref: OciRef, *, insecure: bool = False, chunk: int = CHUNK,
-                 monolithic_max: int = MONOLITHIC_MAX, sessions: Path | None = None) -> None:
+                 monolithic_max: int = MONOLITHIC_MAX, sessions: Path | None = None,
+                 stop: threading.Event | None = None) -> None:
         if insecure and not ref.is_loopback:
             raise UsageError(f"--insecure (plain HTTP) is only allowed for a registry on this machine, not {ref.host}",
                              hint="use TLS; plain HTTP is for loopback test registries")
@@ -77,6 +79,7 @@ class RegistryTarget:
         self.chunk, self.monolithic_max = chunk, monolithic_max
         self.origin = f"{'http' if insecure else 'https'}://{ref.host}/"
         self.sessions = UploadSessions(sessions, self.location) if sessions is not None else None
+        self.stop = stop  # set: end the push at the next blob or chunk boundary (a resumable point)
         self.http = httpx2.Client(timeout=httpx2.Timeout(60.0, connect=10.0), follow_redirects=True)
         self._creds: auth.Credentials | None = None
         self._creds_loaded = False
@@ -195,6 +198,10 @@ class RegistryTarget:
     def upload_blob(self, digest: str, size: int, path: Path, advance: Callable[[int], None]) -> int:
         """One PUT (small), or PATCH chunks and a closing PUT (large), each streamed; a chunked upload resumes
         the session a killed push left. Returns how many bytes the registry already had from that session."""
+        self._check_stop(digest, 0, size)
+        resumed = self._resume(digest, size)  # whatever the chunk size now: the session holds the bytes
+        if resumed is not None and self._send_chunks(digest, size, path, *resumed, advance):
+            return resumed[1]
         if size <= self.monolithic_max:
             url = self._start_upload()
             resp = self._send("PUT", self._with_digest(url, digest), body=_file_body(path),
@@ -203,9 +210,6 @@ class RegistryTarget:
                 raise self._fail(resp, f"blob {digest[:19]}…")
             advance(size)
             return 0
-        resumed = self._resume(digest, size)
-        if resumed is not None and self._send_chunks(digest, size, path, *resumed, advance):
-            return resumed[1]
         self._send_chunks(digest, size, path, self._start_upload(digest, size), 0, advance)  # fresh: never False
         return 0
 
@@ -246,6 +250,7 @@ class RegistryTarget:
         """PATCH from `offset`, recording each confirmed chunk, then PUT ?digest=. False: a resumed session is gone
         (nothing was counted)."""
         for start in range(offset, size, self.chunk):
+            self._check_stop(digest, start, size)
             n = min(self.chunk, size - start)
             resp = self._send("PATCH", url, body=_file_body(path, start, n), headers={
                 "Content-Type": "application/octet-stream", "Content-Length": str(n),
@@ -269,6 +274,12 @@ class RegistryTarget:
         if self.sessions is not None:
             self.sessions.drop(digest)
         return True
+
+    def _check_stop(self, digest: str, confirmed: int, size: int) -> None:
+        if self.stop is not None and self.stop.is_set():
+            raise Interrupted(f"push to {self.location} stopped as asked, at {confirmed} of {size} bytes of blob "
+                              f"{digest[:19]}…; nothing is tagged",
+                              hint="run the same push again: it resumes there")
 
     def _location(self, resp: httpx2.Response) -> str:
         loc = resp.headers.get("location")

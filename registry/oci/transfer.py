@@ -42,12 +42,13 @@ MAX_MREG_MANIFEST = 16 << 20
 
 
 def open_target(ref: OciRef | LayoutRef, *, insecure: bool = False, create: bool = False,
-                chunk: int | None = None, sessions: Path | None = None) -> Target:
+                chunk: int | None = None, sessions: Path | None = None,
+                stop: threading.Event | None = None) -> Target:
     """The target a reference names (a layout is created for a push; `sessions`: where a push keeps its
-    resumable uploads, `registry.oci.uploads`)."""
+    resumable uploads, `registry.oci.uploads`; `stop`: set, a push to a registry ends at the next chunk)."""
     if isinstance(ref, LayoutRef):
         return LayoutTarget(ref, create=create)
-    return RegistryTarget(ref, insecure=insecure, sessions=sessions,
+    return RegistryTarget(ref, insecure=insecure, sessions=sessions, stop=stop,
                           **({"chunk": chunk, "monolithic_max": chunk} if chunk else {}))
 
 

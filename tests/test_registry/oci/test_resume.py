@@ -153,3 +153,42 @@ def test_a_planted_session_is_never_followed_off_the_registry(mreg: Any, tmp_pat
     assert done.resumed_bytes == 0 and not _sessions(tmp_path / "store")
     assert not list((tmp_path / "store/tmp/oci-uploads").iterdir())
     assert ok(mreg("pull", f"{repo}:v1", "--insecure", "--cache-dir", tmp_path / "cache2", "--json"))["files"] == 2
+
+
+def test_sigterm_stops_at_a_chunk_boundary_and_the_push_resumes(mreg: Any, tmp_path: Path, repo: str) -> None:
+    """The CLI's handler: one SIGTERM (a CI job cancelled, a pod stopped) lets the PATCH in flight finish, so the
+    session matches what distribution holds and the next push resumes it, instead of losing it mid-body."""
+    weights = _published(mreg, tmp_path)
+    script = (
+        "import os, signal, sys, threading, time\n"
+        "from registry import api\n"
+        "from registry.cli.remote import stop_on_signals\n"
+        "from registry.cli.render import Output\n"
+        "from registry.errors import Interrupted\n"
+        "class Terminator:\n"
+        "    seen = 0\n"
+        "    def start(self, *a, **k): pass\n"
+        "    def done(self): pass\n"
+        "    def advance(self, n):\n"
+        "        Terminator.seen += n\n"
+        f"        if Terminator.seen > {KILL_AFTER} and not hasattr(Terminator, 'sent'):\n"
+        "            Terminator.sent = threading.Timer(0.002, os.kill, (os.getpid(), signal.SIGTERM))\n"
+        "            Terminator.sent.start()\n"
+        "store = api.open_local_store(sys.argv[1])\n"
+        "with stop_on_signals(Output(False)) as stop:\n"
+        "    try:\n"
+        f"        api.oci_push(store, 'm@1', sys.argv[2], insecure=True, progress=Terminator(), chunk={CHUNK},\n"
+        "                     stop=stop)\n"
+        "    except Interrupted as e:\n"
+        "        print(e, file=sys.stderr); sys.exit(e.exit_code)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
+    stopped = subprocess.run([sys.executable, "-c", script, str(tmp_path / "store"), f"{repo}:v1"], env=env,
+                             timeout=60, check=False, capture_output=True, text=True)
+    assert stopped.returncode == 130, stopped.stderr
+    assert "SIGTERM: stopping after the chunk" in stopped.stderr and "nothing is tagged" in stopped.stderr
+    [session] = _sessions(tmp_path / "store")
+    assert 0 < session["confirmed"] < weights["size"]
+    pushed = ok(mreg("push", "m@1", f"{repo}:v1", "--insecure", "--json"))
+    assert pushed["resumed_bytes"] == session["confirmed"]
+    assert ok(mreg("pull", f"{repo}:v1", "--insecure", "--cache-dir", tmp_path / "cache2", "--json"))["files"] == 2
