@@ -12,8 +12,8 @@ and in the same run, first runs included:
 - oras-py (ORAS's Python client, the `oras` package): `push` of the same files and `pull` into a fresh
   directory, with its defaults (a single PUT per file) and with `do_chunked=True`.
 
-Each figure is wall time and the process's own peak RSS (VmHWM, sampled: see `measured`). skopeo and oras get a home of their
-own, so no blob-info cache lets them skip an upload.
+Each figure is wall time and the process's own peak RSS (VmHWM, sampled: see `measured`). skopeo and
+oras get a home of their own, so no blob-info cache lets them skip an upload.
 """
 
 from __future__ import annotations
