@@ -148,7 +148,7 @@ class RegistryTarget:
             if creds and creds.username == "<token>":  # an identity token is exchanged by OAuth2
                 resp = self.http.post(challenge.params["realm"], data={
                     "grant_type": "refresh_token", "refresh_token": creds.secret, "scope": scope,
-                    "service": challenge.params.get("service", "")})
+                    "service": challenge.params.get("service", ""), "client_id": "mreg"})  # client_id: required
             else:
                 resp = self.http.get(challenge.params["realm"], params=params, headers=hdrs)
         except httpx2.HTTPError as e:

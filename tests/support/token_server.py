@@ -8,6 +8,8 @@ JWT when its `iss` is the configured issuer, its `aud` the service, `exp`/`nbf` 
 claim grants the actions, and its ES256 signature verifies with the key of the `x5c` certificate in
 the header, which must chain to the registry's `rootcertbundle` (here: that one self-signed
 certificate). Wrong credentials are 401, and so is a request without any (the registry is private).
+The OAuth2 form is served too (`POST` with `grant_type=refresh_token`, `client_id`, `refresh_token`:
+what an `identitytoken` in an auth file is exchanged by), for the tokens in `refresh_tokens`.
 
 `requests` records every token request (user, service, scope; never the password) for the tests.
 """
@@ -46,6 +48,7 @@ class TokenServer:
     def __init__(self, root: Path, users: dict[str, str], *, lifetime_s: int = 300) -> None:
         self.root, self.users, self.lifetime_s = root, users, lifetime_s
         self.requests: list[dict[str, str]] = []
+        self.refresh_tokens: dict[str, str] = {}  # refresh token → user
         self.key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.timezone.utc)
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ISSUER)])
@@ -115,6 +118,23 @@ class TokenServer:
                 token = server.token(user, service, scopes)
                 self._reply(200, {"token": token, "access_token": token, "expires_in": server.lifetime_s,
                                   "issued_at": dt.datetime.now(dt.timezone.utc).isoformat()})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                form = parse_qs(self.rfile.read(length).decode())
+                one = {k: v[0] for k, v in form.items()}
+                user = server.refresh_tokens.get(one.get("refresh_token", ""), "")
+                server.requests.append({"user": user, "service": one.get("service", ""),
+                                        "scope": " ".join(form.get("scope", [])), "grant": one.get("grant_type", "")})
+                if urlparse(self.path).path != "/token" or one.get("grant_type") != "refresh_token" \
+                        or not one.get("client_id"):
+                    self._reply(400, {"error": "unsupported_grant_type"})
+                    return
+                if not user:
+                    self._reply(401, {"error": "invalid_grant"})
+                    return
+                token = server.token(user, one.get("service", ""), form.get("scope", []))
+                self._reply(200, {"access_token": token, "expires_in": server.lifetime_s})
 
         return Handler
 

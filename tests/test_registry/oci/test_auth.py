@@ -84,6 +84,28 @@ def test_bearer_token_auth_push_pull_and_wrong_credentials(mreg: Any, tmp_path: 
         assert SECRET not in "".join(p.read_text(errors="replace") for p in cache2.rglob("*.json"))
 
 
+def test_an_identity_token_is_exchanged_at_the_token_service(mreg: Any, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auths[HOST].identitytoken` (what `docker login` keeps for ACR and others): the OAuth2 refresh-token form."""
+    pytest.importorskip("cryptography", reason="the token server signs its JWTs with cryptography")
+    from support.token_server import TokenServer
+
+    _published(mreg, tmp_path)
+    with TokenServer(tmp_path / "tokens", {}) as tokens, \
+            LocalRegistry(tmp_path / "tokenreg", token_auth=tokens.registry_auth()) as reg:
+        tokens.refresh_tokens["rt-" + SECRET] = "carol"
+        target = f"oci://{reg.host}/private/m:v1"
+        monkeypatch.setenv("REGISTRY_AUTH_FILE", str(_auth_file(
+            tmp_path / "wrong.json", {"auths": {reg.host: {"identitytoken": "rt-stale-" + SECRET}}})))
+        _one_line_refusal(mreg("push", "m@1", target, "--insecure", "--json"), SECRET)
+        monkeypatch.setenv("REGISTRY_AUTH_FILE", str(_auth_file(
+            tmp_path / "right.json", {"auths": {reg.host: {"identitytoken": "rt-" + SECRET}}})))
+        assert ok(mreg("push", "m@1", target, "--insecure", "--json"))["uploaded_blobs"] == 4
+        assert ok(mreg("pull", target, "--insecure", "--cache-dir", tmp_path / "c2", "--json"))["files"] == 2
+        assert {r["user"] for r in tokens.requests} == {"", "carol"}
+        assert {r.get("grant") for r in tokens.requests} == {"refresh_token"}
+
+
 def _helper(bin_dir: Path, name: str, host: str, user: str, password: str, log: Path) -> None:
     """`docker-credential-NAME get`: the server on stdin, `{"Username", "Secret"}` on stdout (the protocol)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
