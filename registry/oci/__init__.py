@@ -12,7 +12,8 @@ manifest as a layer, so a pull reproduces the version byte for byte::
                application/vnd.mreg.manifest.v1+json        title .mreg/manifest.json (digest = manifest digest)
 
 `reference` parses ``oci://HOST/REPO:TAG|@sha256:…`` and ``oci-layout:DIR[:TAG]``; `pack` builds the
-manifest and config (pure); `registry` (HTTP, with `auth`) and `layout` (a directory) are the two
-targets behind one protocol (`target`); `transfer` pushes, pulls into the cache and syncs into a store.
+manifest and config (pure); `registry` (HTTP, with `auth`, resuming chunked uploads from the sessions
+`uploads` keeps in the store's tmp/) and `layout` (a directory) are the two targets behind one
+protocol (`target`); `transfer` pushes, pulls into the cache and syncs into a store.
 Tags are names, not aliases: promotion stays in the store.
 """

@@ -3,10 +3,15 @@
 Client: httpx2, which mreg already depends on through huggingface_hub. It streams request and
 response bodies (no blob is ever held in memory), gives the exact control the protocol needs
 (HEAD before upload, monolithic or chunked POST → PATCH… → PUT ?digest= uploads, the digest of
-the manifest bytes as sent) and adds no dependency. `oras` (oras-py) was considered: it brings
-requests, builds manifests from a directory of files with its own annotations rather than from
-digests we already have, and would need wrapping at every step we care about (skipping present
-blobs, manifest last, typed errors), so the protocol here is small enough to own.
+the manifest bytes as sent) and adds no dependency. `oras` (oras-py) was measured beside it
+(`benchmarks/bench_oci.py`): no faster, its default push holds a whole file in memory, its pull
+checks no digest, it titles layers by basename, and its chunked upload cannot resume; it would need
+wrapping at every step we care about (skipping present blobs, manifest last, typed errors, resumable
+sessions), so the protocol here is small enough to own.
+
+Chunked uploads resume: `uploads` keeps each session in the store's tmp/; `_resume` asks the
+registry where it stands (`GET` → `Range`) and `_send_chunks` continues from there; `stop` (set by
+the CLI on SIGINT/SIGTERM) ends a push between chunks, where distribution can still resume it.
 
 Authentication: the first 401 names a challenge (`auth`); a bearer token is fetched for the
 repository's `pull,push` scope and kept for the session; basic credentials are sent as asked.
