@@ -20,6 +20,7 @@ Bodies are produced by callables so a request answered 401 is sent again from it
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import json
@@ -204,54 +205,59 @@ class RegistryTarget:
         """One PUT (small), or PATCH chunks and a closing PUT (large), each streamed; a chunked upload resumes
         the session a killed push left. Returns how many bytes the registry already had from that session."""
         self._check_stop(digest, 0, size)
-        resumed = self._resume(digest, size)  # whatever the chunk size now: the session holds the bytes
-        if resumed is not None and self._send_chunks(digest, size, path, *resumed, advance):
-            return resumed[1]
-        if size <= self.monolithic_max:
-            url = self._start_upload()
-            resp = self._send("PUT", self._with_digest(url, digest), body=_file_body(path),
-                              headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
-            if resp.status_code != 201:
-                raise self._fail(resp, f"blob {digest[:19]}…")
-            advance(size)
+        with self.sessions.claim(digest) if self.sessions is not None else contextlib.nullcontext(False) as mine:
+            # Another push sending this blob here now holds its session: upload on our own, recording nothing
+            # (two writers on one distribution session cancel it).
+            sessions = self.sessions if mine else None
+            resumed = self._resume(sessions, digest, size)  # whatever the chunk size now: the session has bytes
+            if resumed is not None and self._send_chunks(sessions, digest, size, path, *resumed, advance):
+                return resumed[1]
+            if size <= self.monolithic_max:
+                url = self._start_upload(None, digest, size)
+                resp = self._send("PUT", self._with_digest(url, digest), body=_file_body(path),
+                                  headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+                if resp.status_code != 201:
+                    raise self._fail(resp, f"blob {digest[:19]}…")
+                advance(size)
+                return 0
+            url = self._start_upload(sessions, digest, size)
+            self._send_chunks(sessions, digest, size, path, url, 0, advance)  # a fresh session: never False
             return 0
-        self._send_chunks(digest, size, path, self._start_upload(digest, size), 0, advance)  # fresh: never False
-        return 0
 
-    def _start_upload(self, digest: str | None = None, size: int = 0) -> str:
+    def _start_upload(self, sessions: UploadSessions | None, digest: str, size: int) -> str:
         resp = self._send("POST", f"{self.base}blobs/uploads/", headers={"Content-Length": "0"})
         if resp.status_code != 202:
             raise self._fail(resp, "starting an upload")
         url = self._location(resp)
-        if digest is not None and self.sessions is not None:
-            self.sessions.save(digest, size, url, 0)
+        if sessions is not None:
+            sessions.save(digest, size, url, 0)
         return url
 
-    def _resume(self, digest: str, size: int) -> tuple[str, int] | None:
+    def _resume(self, sessions: UploadSessions | None, digest: str, size: int) -> tuple[str, int] | None:
         """Where a saved session stands on the registry (`GET` → 204, `Range: 0-N`): its URL and offset N+1."""
-        session = self.sessions.load(digest, size) if self.sessions is not None else None
-        if session is None or self.sessions is None:
+        session = sessions.load(digest, size) if sessions is not None else None
+        if session is None or sessions is None:
             return None
         if not session.location.startswith(self.origin):  # never send our Authorization elsewhere
-            self.sessions.drop(digest)
+            sessions.drop(digest)
             return None
         resp = self._send("GET", session.location)
         resp.read()
         m = re.fullmatch(r"0-([0-9]+)", resp.headers.get("range", "").strip())
         if resp.status_code != 204 or m is None or not resp.headers.get("location"):
-            self.sessions.drop(digest)  # unknown (404), expired, or its state no longer matches (400)
+            sessions.drop(digest)  # unknown (404), expired, or its state no longer matches (400)
             return None
         end = int(m.group(1))
         offset = 0 if end == 0 and session.confirmed == 0 else end + 1  # "0-0" also means nothing yet
         if offset > size:
-            self.sessions.drop(digest)
+            sessions.drop(digest)
             return None
         url = self._location(resp)
-        self.sessions.save(digest, size, url, offset)
+        sessions.save(digest, size, url, offset)
         return url, offset
 
-    def _send_chunks(self, digest: str, size: int, path: Path, url: str, offset: int,
-                     advance: Callable[[int], None]) -> bool:
+    def _send_chunks(self, sessions: UploadSessions | None, digest: str, size: int, path: Path, url: str,
+                     offset: int, advance: Callable[[int], None]) -> bool:
         """PATCH from `offset`, recording each confirmed chunk, then PUT ?digest=. False: a resumed session is gone
         (nothing was counted)."""
         for start in range(offset, size, self.chunk):
@@ -262,22 +268,22 @@ class RegistryTarget:
                 "Content-Range": f"{start}-{start + n - 1}"})
             if resp.status_code in (400, 404, 416) and start == offset and offset:
                 resp.read()
-                if self.sessions is not None:
-                    self.sessions.drop(digest)
+                if sessions is not None:
+                    sessions.drop(digest)
                 return False  # the registry forgot the session between our GET and this PATCH
             if resp.status_code != 202:
                 raise self._fail(resp, f"a chunk of blob {digest[:19]}…")
             url = self._location(resp)
-            if self.sessions is not None:
-                self.sessions.save(digest, size, url, start + n)  # before the progress hears of it
+            if sessions is not None:
+                sessions.save(digest, size, url, start + n)  # before the progress hears of it
             advance(n + (offset if start == offset else 0))
         if offset == size:
             advance(offset)
         resp = self._send("PUT", self._with_digest(url, digest), headers={"Content-Length": "0"})
         if resp.status_code != 201:
             raise self._fail(resp, f"blob {digest[:19]}…")
-        if self.sessions is not None:
-            self.sessions.drop(digest)
+        if sessions is not None:
+            sessions.drop(digest)
         return True
 
     def _check_stop(self, digest: str, confirmed: int, size: int) -> None:

@@ -5,6 +5,7 @@ Layout (names in `registry.layout`)::
     <store>/tmp/oci-uploads/<blob hex>-<target hash16>.json
         {"schema_version": 1, "target": "HOST/REPO", "digest": "sha256:…", "size": N,
          "location": "https://HOST/v2/REPO/blobs/uploads/<uuid>?_state=…", "confirmed": BYTES, "updated": "…"}
+    <store>/tmp/oci-uploads/<blob hex>-<target hash16>.lock   held by the push sending that blob
     <store>/tmp/oci-uploads.lock      every push holds it shared while it runs
 
 A session is written (atomically) after the registry opens the upload and again after every PATCH
@@ -14,6 +15,10 @@ with `Range: 0-N`) and continues with PATCH from N+1; a session the registry no 
 expired, or one whose state moved because a chunk was cut mid-way) is dropped and the blob starts
 again. The file holds the upload URL the registry handed out (its own signed state) and never a
 credential or an Authorization header; a URL whose origin is not the target's is never followed.
+
+One push at a time owns a blob's session (the `.lock` beside it); a second push of the same blob to
+the same repository meanwhile uploads on its own and records nothing, since two writers on one
+distribution session make it cancel the upload.
 
 Sessions go when their blob is complete, when a push of the same target succeeds, and in `mreg gc`,
 which removes `tmp/oci-uploads/` like any other interrupted write once no push holds its lock.
@@ -90,11 +95,21 @@ class UploadSessions:
         """Forget a blob's session (done, or unknown to the registry)."""
         self._path(digest).unlink(missing_ok=True)
 
+    @contextlib.contextmanager
+    def claim(self, digest: str) -> Iterator[bool]:
+        """Hold a blob's session for this process (an flock beside it); yields False when another push holds it."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with atomic.flock(self._path(digest).with_suffix(".lock"), blocking=False) as got:
+            yield got
+
     def clear(self) -> None:
-        """Forget every session of this target (a push of it succeeded: nothing is left to resume)."""
+        """Forget every session of this target no push holds (a push of it succeeded: nothing is left to resume).
+        The `.lock` files stay (unlinking one would race its next holder); gc removes the directory."""
         if self.directory.is_dir():
             for p in self.directory.glob(f"*-{self._suffix}.json"):
-                p.unlink(missing_ok=True)
+                with atomic.flock(p.with_suffix(".lock"), blocking=False) as got:
+                    if got:
+                        p.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -151,7 +151,7 @@ def test_a_planted_session_is_never_followed_off_the_registry(mreg: Any, tmp_pat
 
     done = api.oci_push(api.open_local_store(tmp_path / "store"), "m@1", f"{repo}:v1", insecure=True, chunk=CHUNK)
     assert done.resumed_bytes == 0 and not _sessions(tmp_path / "store")
-    assert not list((tmp_path / "store/tmp/oci-uploads").iterdir())
+    assert not list((tmp_path / "store/tmp/oci-uploads").glob("*.json"))
     assert ok(mreg("pull", f"{repo}:v1", "--insecure", "--cache-dir", tmp_path / "cache2", "--json"))["files"] == 2
 
 
@@ -191,4 +191,23 @@ def test_sigterm_stops_at_a_chunk_boundary_and_the_push_resumes(mreg: Any, tmp_p
     assert 0 < session["confirmed"] < weights["size"]
     pushed = ok(mreg("push", "m@1", f"{repo}:v1", "--insecure", "--json"))
     assert pushed["resumed_bytes"] == session["confirmed"]
+    assert ok(mreg("pull", f"{repo}:v1", "--insecure", "--cache-dir", tmp_path / "cache2", "--json"))["files"] == 2
+
+
+def test_a_second_push_of_the_same_blob_does_not_share_the_first_ones_session(mreg: Any, tmp_path: Path,
+                                                                             repo: str) -> None:
+    """Two writers on one distribution session make it cancel the upload: while a push holds a blob's session,
+    another push of it sends the blob on its own and records nothing."""
+    weights = _published(mreg, tmp_path)
+    _killed_push(tmp_path, f"{repo}:v1")
+    [before] = _sessions(tmp_path / "store")
+    from registry import api
+    from registry.oci.uploads import UploadSessions
+
+    sessions = UploadSessions(tmp_path / "store/tmp/oci-uploads", repo.removeprefix("oci://"))
+    with sessions.claim(f"sha256:{weights['sha256']}") as mine:  # as if the killed push were still running
+        assert mine
+        done = api.oci_push(api.open_local_store(tmp_path / "store"), "m@1", f"{repo}:v1", insecure=True,
+                            chunk=CHUNK)
+        assert done.resumed_bytes == 0 and _sessions(tmp_path / "store") == [before]  # untouched
     assert ok(mreg("pull", f"{repo}:v1", "--insecure", "--cache-dir", tmp_path / "cache2", "--json"))["files"] == 2
