@@ -84,6 +84,21 @@ def test_bearer_token_auth_push_pull_and_wrong_credentials(mreg: Any, tmp_path: 
         assert SECRET not in "".join(p.read_text(errors="replace") for p in cache2.rglob("*.json"))
 
 
+def test_credentials_are_not_sent_to_a_plain_http_realm_off_this_machine(mreg: Any, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("cryptography", reason="the token server signs its JWTs with cryptography")
+    from support.token_server import TokenServer
+
+    _published(mreg, tmp_path)
+    tokens = TokenServer(tmp_path / "tokens", {"alice": SECRET})
+    tokens.realm = "http://192.0.2.1/token"  # TEST-NET-1: never reached, and never to be sent a password
+    with LocalRegistry(tmp_path / "tokenreg", token_auth=tokens.registry_auth()) as reg:
+        monkeypatch.setenv("REGISTRY_AUTH_FILE", str(_auth_file(tmp_path / "a.json", _basic(reg.host, "alice",
+                                                                                             SECRET))))
+        r = mreg("push", "m@1", f"oci://{reg.host}/private/m:v1", "--insecure", "--json")
+        assert "not HTTPS" in _one_line_refusal(r, SECRET)["message"]
+
+
 def test_an_identity_token_is_exchanged_at_the_token_service(mreg: Any, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """`auths[HOST].identitytoken` (what `docker login` keeps for ACR and others): the OAuth2 refresh-token form."""
