@@ -67,7 +67,9 @@ def push_cmd(ref: str, remote: str, force: bool, insecure: bool, verify_remote: 
     To an OCI registry (or an OCI image layout directory) the version becomes a ModelPack
     artifact: one uncompressed layer per file, the store's blobs as they are, mreg's manifest as a
     layer; blobs the registry has are not sent; the manifest is PUT last, under TAG (default: the
-    version number). A tag naming another digest is refused (exit 5) unless --force.
+    version number). A tag naming another digest is refused (exit 5) unless --force. A large blob
+    goes in chunks; a push killed mid-blob is resumed by the next one (`resumed_bytes`), and one
+    Ctrl-C or SIGTERM stops after the chunk in flight, so that it can be (exit 130).
     """
     local = local_store(settings_for(config_path, store=store))
     v = local.resolve(parse_ref(ref))
