@@ -11,6 +11,8 @@
    `s5cmd cp` and boto3 `upload_file` / `download_file` of the same files.
 6. ONNX export + verification of MiniLM-L6 and of a ~100 M-parameter llama (with past): wall time and
    peak memory against `optimum-cli export onnx` (in a venv of its own) and a plain torch.onnx.export.
+7. (`bench_oci.py`) push, re-push and pull of a 2 GB version through a loopback OCI registry, against
+   `skopeo copy` and oras-py on the same files (`--oci-gb` sets the size).
 
 Writes bench-results/bench.json. Needs about 15 GB of free disk in --workdir (default ./bench-work).
 """
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from support.convert_cli import artifact
+from support.cli import artifact
 from support.hub_server import LocalHub
 from support.tiny_models import build_padded_model
 
@@ -417,18 +419,21 @@ def main() -> int:
     """Run the selected benchmarks and write bench-results/bench.json."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="bench-work")
-    ap.add_argument("--only", choices=["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt"],
+    ap.add_argument("--only", choices=["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt", "oci"],
                     action="append")
+    ap.add_argument("--oci-gb", type=float, default=2.0, help="size of the OCI benchmark's version (GB)")
     args = ap.parse_args()
     work = Path(args.workdir).absolute()
     _rm(work)
     work.mkdir(parents=True)
     results: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
-    chosen = args.only or ["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt"]
+    chosen = args.only or ["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt", "oci"]
     from bench_gguf import bench_gguf
+    from bench_oci import bench_oci
 
     for key, fn in (("flips", bench_flips), ("register", bench_register), ("pull", bench_repull), ("s3", bench_s3),
-                    ("gguf", bench_gguf), ("onnx", bench_onnx), ("tensorrt", bench_tensorrt)):
+                    ("gguf", bench_gguf), ("onnx", bench_onnx), ("tensorrt", bench_tensorrt),
+                    ("oci", lambda w, r: bench_oci(w, r, args.oci_gb))):
         if key in chosen:
             fn(work, results)
     out = Path("bench-results")

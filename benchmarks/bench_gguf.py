@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
-from support.convert_cli import artifact
+from support.cli import artifact
 
 TINYLLAMA = {"hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
              "intermediate_size": 5632, "vocab_size": 32000, "max_position_embeddings": 2048}

@@ -343,10 +343,14 @@ def check(store: LocalStore, ref: str, golden: str | Path, *, fmt: str | None = 
 
 def oci_push(store: LocalStore, version: str | Version, destination: str, *, force: bool = False,
              insecure: bool = False, progress: Progress | None = None,
-             chunk: int | None = None, as_image: bool = False, base: str | None = None) -> OciPushOutcome:
+             chunk: int | None = None, as_image: bool = False, base: str | None = None,
+             stop: threading.Event | None = None) -> OciPushOutcome:
     """Publish a local version to `oci://HOST/REPO[:TAG]`, `oci-layout:DIR[:TAG]` or `oci-archive:FILE.tar[:TAG]` as
     a ModelPack artifact, or with `as_image` as a regular image, over the image `base` when given (tag `N`, or
-    `N-image` for an image, by default); a tag naming another digest is refused unless `force`."""
+    `N-image` for an image, by default); a tag naming another digest is refused unless `force`. A chunked upload
+    a killed push left is resumed (sessions under the store's tmp/, `registry.oci.uploads`); with `stop` set (the
+    CLI sets it on SIGINT/SIGTERM) a push to a registry ends at the next chunk boundary, resumable (`Interrupted`)."""
+    from registry import layout
     from registry.oci import reference, transfer
     from registry.oci.base import read_base
 
@@ -363,7 +367,8 @@ def oci_push(store: LocalStore, version: str | Version, destination: str, *, for
     try:
         image = read_base(below, base_ref.digest or base_ref.tag, str(base_ref)) \
             if below is not None and base_ref is not None else None
-        target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk)
+        target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk,
+                                      sessions=layout.oci_uploads_dir(store.root), stop=stop)
         try:
             tag = ref.tag or (f"{v.number}-image" if as_image else str(v.number))
             return transfer.push(store, v, target, tag, force=force, progress=progress, as_image=as_image, base=image)

@@ -112,6 +112,12 @@ class CredentialsRefused(MregError, PermissionError):
     exit_code = 13
 
 
+class Interrupted(MregError):
+    """Stopped on request (SIGINT, SIGTERM) at a point the next run resumes from."""
+
+    exit_code = 130
+
+
 class StoreUnreachable(HubUnavailable):
     """A remote store could not be reached or answered with an unexpected error."""
 

@@ -5,6 +5,7 @@ Store::
     <store>/
       blobs/sha256/ab/ab12…              immutable, read-only, named by their sha256
       tmp/                               work and staging directories (same filesystem as blobs)
+      tmp/oci-uploads/<sha>-<target>.json  chunked OCI uploads a killed push can resume (registry.oci.uploads)
       caches/<format>/…                  what converters keep to speed up rebuilds (TensorRT timing caches)
       caches/oci-image/ab/ab12….json     the digest of a file's tar layer (`push --as-image`), per blob and path
       gc.lock                            publishers hold it shared, gc exclusive
@@ -285,3 +286,16 @@ def oci_blob_path(root: Path, digest: str) -> Path:
     """A blob of an OCI image layout (`sha256:HEX` → `blobs/sha256/HEX`)."""
     algo, _, hexdigest = digest.partition(":")
     return root / BLOBS / algo / hexdigest
+
+
+# -- OCI upload sessions (a chunked push killed mid-blob resumes it) ---------------------------------------
+#
+#     <store>/tmp/oci-uploads/<blob hex>-<target hash16>.json   one session: upload URL, digest, size, bytes confirmed
+#     <store>/tmp/oci-uploads.lock                              held shared by every running push (gc: exclusive)
+
+OCI_UPLOADS = "oci-uploads"
+
+
+def oci_uploads_dir(root: Path) -> Path:
+    """Where a store keeps the OCI upload sessions of its pushes (under tmp/, so gc sweeps it like staging)."""
+    return root / TMP / OCI_UPLOADS

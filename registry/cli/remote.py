@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -70,7 +74,9 @@ def push_cmd(ref: str, remote: str, force: bool, as_image: bool, base: str | Non
     To an OCI registry (or an OCI image layout directory) the version becomes a ModelPack
     artifact: one uncompressed layer per file, the store's blobs as they are, mreg's manifest as a
     layer; blobs the registry has are not sent; the manifest is PUT last, under TAG (default: the
-    version number). A tag naming another digest is refused (exit 5) unless --force.
+    version number). A tag naming another digest is refused (exit 5) unless --force. A large blob
+    goes in chunks; a push killed mid-blob is resumed by the next one (`resumed_bytes`), and one
+    Ctrl-C or SIGTERM stops after the chunk in flight, so that it can be (exit 130).
     oci-archive:FILE.tar is a layout as one tar file (written to a temporary name, then renamed;
     an existing archive is rewritten with the tag added). --as-image pushes a regular image:
     each file as an uncompressed tar layer at /models/NAME/FORMAT/PATH, mreg's manifest at
@@ -103,19 +109,45 @@ def push_cmd(ref: str, remote: str, force: bool, as_image: bool, base: str | Non
            "does not match" if out.signatures_left else "") + ")"))
 
 
+@contextlib.contextmanager
+def stop_on_signals(output: Output) -> Iterator[threading.Event]:
+    """SIGINT or SIGTERM once: the push finishes the chunk it is sending and stops where the next push resumes
+    (distribution drops an upload whose PATCH was cut); a second one stops at once (KeyboardInterrupt)."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        output.warn(f"{signal.Signals(signum).name}: stopping after the chunk being sent (again to stop now)")
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def _push_oci(local: LocalStore, v: Version, remote: str, force: bool, insecure: bool, as_json: bool,
               as_image: bool, base: str | None) -> None:
-    out = api.oci_push(local, v, remote, force=force, insecure=insecure, progress=progress_for(as_json),
-                       as_image=as_image, base=base)
+    with stop_on_signals(Output(as_json)) as stop:
+        out = api.oci_push(local, v, remote, force=force, insecure=insecure, progress=progress_for(as_json),
+                           as_image=as_image, base=base, stop=stop)
     doc = {"name": v.name, "local_version": v.number, "remote": remote, "as_image": as_image, "base": base,
            "tag": out.tag, "digest": out.digest,
            "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
-           "present_blobs": out.present_blobs, "replaced": out.replaced}
+           "present_blobs": out.present_blobs, "replaced": out.replaced, "resumed_bytes": out.resumed_bytes}
     Output(as_json).result(doc, (
         f"✓ {v.name}@{v.number} → {remote} (tag {out.tag}, {out.digest[:19]}…; "
         + ("already there; nothing uploaded)" if out.reused else
            f"{out.uploaded_blobs} blob(s), {human_size(out.uploaded_bytes)} uploaded; {out.present_blobs} "
-           "already there" + (f"; tag moved from {out.replaced[:19]}…" if out.replaced else "") + ")")))
+           "already there" + (f"; {human_size(out.resumed_bytes)} resumed from an interrupted upload"
+                              if out.resumed_bytes else "")
+           + (f"; tag moved from {out.replaced[:19]}…" if out.replaced else "") + ")")))
 
 
 @click.command("sync")
@@ -146,9 +178,6 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
     none of whose signatures verifies against it is refused (exit 6) before anything is downloaded
     (signatures do not travel over OCI yet: under a trust policy an OCI sync is refused, exit 6).
     """
-    import signal
-    import threading
-
     if _is_oci(remote):
         if watch is not None:
             raise click.UsageError("--watch follows S3 aliases; an OCI tag is not an alias")

@@ -15,8 +15,9 @@ manifest as a layer, so a pull reproduces the version byte for byte::
 ``oci-archive:FILE.tar[:TAG]``; `pack` builds the manifest and config (pure); `image` builds the
 same version as a regular image (`--as-image`: one deterministic tar layer per file, for
 Kubernetes image volumes; `base` reads an image to build on, `unpack` reads mreg's images back
-as their versions); `registry` (HTTP, with `auth`), `layout` (a directory) and `archive`
-(a layout as one tar file, read in place) are the targets behind one protocol (`target`);
-`transfer` pushes, pulls into the cache and syncs into a store.
+as their versions); `registry` (HTTP, with `auth`, resuming chunked uploads from the sessions
+`uploads` keeps in the store's tmp/), `layout` (a directory) and `archive` (a layout as one tar
+file, read in place) are the targets behind one protocol (`target`); `transfer` pushes, pulls
+into the cache and syncs into a store.
 Tags are names, not aliases: promotion stays in the store.
 """

@@ -213,14 +213,15 @@ class ArchiveTarget:
             raise IntegrityError(f"{name} is {n} bytes, not {size}", hint="run `mreg verify --all`")
         return h.hexdigest()
 
-    def upload_blob(self, digest: str, size: int, path: BlobBody, advance: Callable[[int], None]) -> None:
-        """Append a blob, hashed while written; a mismatch abandons the whole new archive."""
+    def upload_blob(self, digest: str, size: int, path: BlobBody, advance: Callable[[int], None]) -> int:
+        """Append a blob, hashed while written; a mismatch abandons the whole new archive (nothing resumes: 0)."""
         chunks = file_chunks(path) if isinstance(path, Path) else path.chunks()
         actual = self._add(self._name(digest), size, chunks, advance)
         if f"sha256:{actual}" != digest:
             raise IntegrityError(f"the bytes for blob {digest[:19]}… hash to sha256:{actual[:12]}…",
                                  hint="run `mreg verify --all`: the local blob may be damaged")
         self._written[digest] = size
+        return 0
 
     def put_manifest(self, data: bytes, media_type: str, tag: str) -> None:
         """Carry the old archive's blobs over, add the manifest and the retagged index, then rename over FILE."""

@@ -54,9 +54,11 @@ class LayoutTarget:
         except FileNotFoundError:
             return None
 
-    def upload_blob(self, digest: str, size: int, path: BlobBody, advance: Callable[[int], None]) -> None:
-        """Copy a file (or a source's bytes) in as the blob `digest`, hashed while copied; nothing on a mismatch."""
+    def upload_blob(self, digest: str, size: int, path: BlobBody, advance: Callable[[int], None]) -> int:
+        """Copy a file (or a source's bytes) in as the blob `digest`, hashed while copied; nothing on a mismatch
+        (and nothing resumes: 0)."""
         self._write(digest, file_chunks(path) if isinstance(path, Path) else path.chunks(), advance)
+        return 0
 
     def _write(self, digest: str, chunks: Any, advance: Callable[[int], None] | None = None) -> None:
         dest = self._blob(digest)

@@ -28,6 +28,12 @@ CONFIG_TYPES = frozenset({MODEL_CONFIG, "application/vnd.cnai.model.config.v1+js
                           "application/vnd.unknown.config.v1+json"})
 #: Layer types a pull writes as files (raw bytes; tar or compressed layers are images, not model files).
 RAW_PREFIXES = ("application/vnd.cncf.model.", "application/vnd.cnai.model.")
+#: ORAS (oras-py and the oras CLI) pushes a file under this type with its bytes as they are; a directory it
+#: pushes as `…tar+gzip` with the unpack annotation. Only outside an image (config `…image.config…`) is it a file.
+ORAS_FILE = "application/vnd.oci.image.layer.v1.tar"
+ORAS_UNPACK = "io.deis.oras.content.unpack"
+IMAGE_CONFIGS = frozenset({"application/vnd.oci.image.config.v1+json",
+                           "application/vnd.docker.container.image.v1+json"})
 
 TITLE = "org.opencontainers.image.title"
 REF_NAME = "org.opencontainers.image.ref.name"
@@ -64,3 +70,9 @@ def is_raw_file(media_type: str) -> bool:
     """Whether a layer of this type is a file's bytes as they are (what a pull writes)."""
     return (media_type.startswith(RAW_PREFIXES) and not media_type.endswith(("+json", ".tar", "+gzip", "+zstd"))) \
         or media_type in ("application/octet-stream", "")
+
+
+def is_oras_file(media_type: str, config_type: str, annotations: dict[str, str]) -> bool:
+    """Whether an artifact's layer is a file ORAS pushed as it is (not an image's tar layer, not a packed
+    directory)."""
+    return media_type == ORAS_FILE and config_type not in IMAGE_CONFIGS and ORAS_UNPACK not in annotations

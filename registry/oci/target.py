@@ -43,8 +43,9 @@ class Target(Protocol):
     def blob_size(self, digest: str) -> int | None:
         """The size of a blob the target has (`sha256:…`), or None."""
 
-    def upload_blob(self, digest: str, size: int, path: BlobBody, advance: Callable[[int], None]) -> None:
-        """Send a file (or a source's bytes) as the blob `digest`; the target refuses it if its bytes do not match."""
+    def upload_blob(self, digest: str, size: int, path: BlobBody, advance: Callable[[int], None]) -> int:
+        """Send a file (or a source's bytes) as the blob `digest` (the target refuses it if its bytes do not
+        match); returns the bytes not sent again because an interrupted upload of it was resumed."""
 
     def open_blob(self, digest: str) -> Iterator[bytes]:
         """A blob's bytes, streamed (the caller verifies them)."""

@@ -27,7 +27,7 @@ from registry.cache.plan import unsafe_reason
 from registry.cache.records import Snapshot
 from registry.digest import write_hashed
 from registry.errors import Conflict, IntegrityError, NotFound, UsageError
-from registry.oci import media
+from registry.oci import media, uploads
 from registry.oci.archive import ArchiveTarget
 from registry.oci.base import BaseImage
 from registry.oci.image import pack_image
@@ -46,16 +46,18 @@ MAX_MREG_MANIFEST = 16 << 20
 
 
 def open_target(ref: OciRef | LayoutRef, *, insecure: bool = False, create: bool = False,
-                chunk: int | None = None, images: bool = True) -> Target:
+                chunk: int | None = None, images: bool = True, sessions: Path | None = None,
+                stop: threading.Event | None = None) -> Target:
     """The target a reference names (a layout or archive is created for a push); for reading, with `images`, mreg
-    images read as the versions they carry (`unpack`)."""
+    images read as the versions they carry (`unpack`). `sessions`: where a push to a registry keeps its resumable
+    uploads (`registry.oci.uploads`); `stop`: set, such a push ends at the next chunk."""
     target: Target
     if isinstance(ref, ArchiveRef):
         target = ArchiveTarget(ref, create=create)
     elif isinstance(ref, LayoutRef):
         target = LayoutTarget(ref, create=create)
     else:
-        target = RegistryTarget(ref, insecure=insecure,
+        target = RegistryTarget(ref, insecure=insecure, sessions=sessions, stop=stop,
                                 **({"chunk": chunk, "monolithic_max": chunk} if chunk else {}))
     return target if create or not images else ImageReader(target)
 
@@ -78,6 +80,8 @@ class OciPushOutcome:
     uploaded_bytes: int
     present_blobs: int
     replaced: str | None = None
+    #: Bytes of `uploaded_bytes`' blobs not sent again: the registry had them from an interrupted upload.
+    resumed_bytes: int = 0
 
 
 def push(store: LocalStore, version: Version, target: Target, tag: str, *, force: bool = False,
@@ -98,22 +102,27 @@ def push(store: LocalStore, version: Version, target: Target, tag: str, *, force
                             "digest keep it; the tag is not compare-and-swap)")
     missing = [b for b in packed.blobs if target.blob_size(b.digest) != b.size]
     progress.start(f"pushing {version.name}@{version.number}", sum(b.size for b in missing))
-    for b in missing:
-        if b.source is not None:
-            target.upload_blob(b.digest, b.size, b.source, progress.advance)
-        elif b.data is not None:
-            tmp = _spill(store, b.data)
-            try:
-                target.upload_blob(b.digest, b.size, tmp, progress.advance)
-            finally:
-                tmp.unlink(missing_ok=True)
-        else:
-            target.upload_blob(b.digest, b.size, layout.blob_path(store.root, b.digest.split(":", 1)[1]),
-                               progress.advance)
-    progress.done()
-    target.put_manifest(packed.manifest, media.OCI_MANIFEST, tag)
-    return OciPushOutcome(packed.digest, tag, False, len(missing), sum(b.size for b in missing),
-                          len(packed.blobs) - len(missing), current.digest if current else None)
+    resumed = 0
+    with uploads.pushing(store.root):  # gc leaves the upload sessions of a running push alone
+        for b in missing:
+            if b.source is not None:
+                resumed += target.upload_blob(b.digest, b.size, b.source, progress.advance)
+            elif b.data is not None:
+                tmp = _spill(store, b.data)
+                try:
+                    resumed += target.upload_blob(b.digest, b.size, tmp, progress.advance)
+                finally:
+                    tmp.unlink(missing_ok=True)
+            else:
+                resumed += target.upload_blob(b.digest, b.size,
+                                              layout.blob_path(store.root, b.digest.split(":", 1)[1]),
+                                              progress.advance)
+        progress.done()
+        target.put_manifest(packed.manifest, media.OCI_MANIFEST, tag)
+        if isinstance(target, RegistryTarget) and target.sessions is not None:
+            target.sessions.clear()  # every blob is there now: what is left of this target is stale
+    return OciPushOutcome(packed.digest, tag, False, len(missing), sum(b.size for b in missing) - resumed,
+                          len(packed.blobs) - len(missing), current.digest if current else None, resumed)
 
 
 def _spill(store: LocalStore, data: bytes) -> Path:
@@ -196,7 +205,7 @@ def read_artifact(target: Target, reference: str | None) -> ReadArtifact:
             continue  # an untitled layer is not a file
         if (why := unsafe_reason(title)) is not None:
             raise _hostile(where, f"layer title {title[:80]!r}: {why}")
-        if not media.is_raw_file(mt):
+        if not media.is_raw_file(mt) and not media.is_oras_file(mt, str(config.get("mediaType", "")), notes):
             raise UsageError(f"{where}: layer {title} is {mt}, not a raw file",
                              hint="images (--as-image, tar layers) are for container runtimes; pull the artifact")
         layers.append(Layer(title, digest, size, mt, notes.get(media.MREG_FORMAT)))

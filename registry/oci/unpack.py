@@ -56,9 +56,9 @@ class ImageReader:
             return self._files[digest][3]
         return self.inner.blob_size(digest)
 
-    def upload_blob(self, digest: str, size: int, path: BlobBody, advance: Callable[[int], None]) -> None:
+    def upload_blob(self, digest: str, size: int, path: BlobBody, advance: Callable[[int], None]) -> int:
         """As the inner target."""
-        self.inner.upload_blob(digest, size, path, advance)
+        return self.inner.upload_blob(digest, size, path, advance)
 
     def put_manifest(self, data: bytes, media_type: str, tag: str) -> None:
         """As the inner target."""

@@ -2,8 +2,9 @@
 
 `docker-registry serve CONFIG` with `http.addr: 127.0.0.1:PORT` and filesystem storage in a
 temporary directory; with `users`, htpasswd (bcrypt) authentication, so every request must carry
-basic credentials. Without the binary the tests skip, naming the install command; with
-MREG_REQUIRE_OCI=1 (CI) they fail instead.
+basic credentials; with `token_auth`, bearer tokens from a token server (`support.token_server`).
+Without the binary the tests skip, naming the install command; with MREG_REQUIRE_OCI=1 (CI) they
+fail instead.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ def _free_port() -> int:
 class LocalRegistry:
     """Start and stop `docker-registry serve` on 127.0.0.1 (plain HTTP), optionally with htpasswd users."""
 
-    def __init__(self, root: Path, users: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path, users: dict[str, str] | None = None, *,
+                 token_auth: list[str] | None = None) -> None:
         self.root = root
         self.users = users or {}
+        self.token_auth = token_auth  # an `auth: token:` section (support.token_server.TokenServer.registry_auth)
         self.host = ""
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -70,7 +73,9 @@ class LocalRegistry:
             "storage:", f"  filesystem:\n    rootdirectory: {self.storage}", "  delete:\n    enabled: true",
             "http:", f"  addr: {self.host}",
         ]
-        if self.users:
+        if self.token_auth:
+            config += self.token_auth
+        elif self.users:
             import bcrypt
 
             salt = bcrypt.gensalt(rounds=4)  # the fastest cost: these are test passwords
