@@ -3,7 +3,8 @@
 Layout (names in `registry.layout`)::
 
     <dir>/oci-layout              {"imageLayoutVersion": "1.0.0"}
-    <dir>/index.json              manifests, tagged by org.opencontainers.image.ref.name (rewritten atomically)
+    <dir>/index.json              manifests, tagged by org.opencontainers.image.ref.name (rewritten atomically);
+                                  referrers (signatures) listed untagged, with their artifactType and subject
     <dir>/blobs/sha256/<hex>      every blob, written to a temporary name, hashed, then renamed
 
 Blobs are copied, not linked: the directory is made to be carried across an air gap.
@@ -21,7 +22,7 @@ from typing import Any
 from registry import atomic, layout
 from registry.digest import file_chunks, write_hashed
 from registry.errors import IntegrityError, NotFound
-from registry.oci import media
+from registry.oci import media, referrers
 from registry.oci.reference import DIGEST, LayoutRef
 from registry.oci.target import MAX_MANIFEST, FetchedManifest
 
@@ -98,11 +99,14 @@ class LayoutTarget:
             hits = [m for m in entries if m.get("digest") == reference
                     or (m.get("annotations") or {}).get(media.REF_NAME) == reference]
         else:
+            entries = [m for m in entries if not referrers.is_listing_entry(m)]  # a signature is not the artifact
             hits = entries if len(entries) == 1 else []
             if len(entries) > 1:
                 tags = sorted(str((m.get("annotations") or {}).get(media.REF_NAME)) for m in entries)
                 raise NotFound(f"{self.location} holds {len(entries)} manifests; say which",
                                hint=f"add :TAG to the layout reference ({', '.join(tags[:5])})")
+        if not hits and DIGEST.match(reference) and self.blob_size(reference) is not None:
+            hits = [{"digest": reference}]  # by digest, a manifest an index inside lists (a referrer)
         if not hits:
             return None
         entry = hits[-1]
@@ -126,4 +130,47 @@ class LayoutTarget:
             kept.append({"mediaType": media_type, "digest": digest, "size": len(data),
                          "annotations": {media.REF_NAME: tag}})
             index["manifests"] = kept
+            atomic.write_bytes(self.root / layout.OCI_INDEX_FILE, json.dumps(index, indent=2).encode())
+
+    def referrers(self, subject: str) -> list[dict[str, Any]]:
+        """The index's manifests whose `subject` is this digest, and a tag-schema index (`skopeo copy` of one)."""
+        out: dict[str, dict[str, Any]] = {}
+        for m in self._index().get("manifests", []):
+            if not isinstance(m, dict) or not isinstance(m.get("digest"), str):
+                continue
+            name = (m.get("annotations") or {}).get(media.REF_NAME)
+            if m.get("mediaType") == media.OCI_INDEX and name == referrers.tag_for(subject):
+                got = self.get_manifest(name)
+                out.update((e["digest"], e) for e in referrers.entries(got.data if got else None)
+                           if isinstance(e.get("digest"), str))
+            elif m.get("mediaType") == media.OCI_MANIFEST and m["digest"] not in out:
+                entry = self._referrer_entry(m["digest"], subject)
+                if entry is not None:
+                    out[m["digest"]] = entry
+        return list(out.values())
+
+    def _referrer_entry(self, digest: str, subject: str) -> dict[str, Any] | None:
+        """The list entry of a manifest whose subject is `subject` (its artifactType and annotations read from
+        the manifest itself: another tool's index.json entry may carry neither), or None."""
+        path = self._blob(digest)
+        try:
+            if path.stat().st_size > MAX_MANIFEST:
+                return None
+            data = path.read_bytes()
+            doc = json.loads(data)
+            if (doc.get("subject") or {}).get("digest") != subject:
+                return None
+            return referrers.descriptor(data, media.OCI_MANIFEST)
+        except (OSError, ValueError, AttributeError):
+            return None  # a damaged or missing entry refers to nothing; reading it as an artifact says why
+
+    def put_referrer(self, data: bytes, media_type: str, subject: str) -> None:
+        """Write the manifest blob, then list it in the index, untagged (once)."""
+        entry = referrers.descriptor(data, media_type)
+        self._write(entry["digest"], iter([data]))
+        with atomic.flock(self.root / f"{layout.OCI_INDEX_FILE}.lock"):
+            index = self._index()
+            if any(isinstance(m, dict) and m.get("digest") == entry["digest"] for m in index.get("manifests", [])):
+                return
+            index.setdefault("manifests", []).append(entry)
             atomic.write_bytes(self.root / layout.OCI_INDEX_FILE, json.dumps(index, indent=2).encode())

@@ -8,6 +8,9 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 OCI_EMPTY = "application/vnd.oci.empty.v1+json"
+#: The empty descriptor's blob (`{}`): the config of an artifact that needs none (a signature).
+EMPTY_DATA = b"{}"
+EMPTY_DIGEST = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
 
 MODEL_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
 MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
@@ -25,6 +28,9 @@ CONFIG_TYPES = frozenset({MODEL_CONFIG, "application/vnd.cnai.model.config.v1+js
 #: Layer types a pull writes as files (raw bytes; tar or compressed layers are images, not model files).
 RAW_PREFIXES = ("application/vnd.cncf.model.", "application/vnd.cnai.model.")
 
+#: A Sigstore bundle (what model-signing writes), as cosign attaches one: the referrer's artifactType and its layer.
+SIGSTORE_BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+
 TITLE = "org.opencontainers.image.title"
 REF_NAME = "org.opencontainers.image.ref.name"
 CREATED = "org.opencontainers.image.created"
@@ -32,6 +38,14 @@ FILEPATH = "org.cncf.model.filepath"
 MREG_NAME = "dev.mreg.name"
 MREG_VERSION = "dev.mreg.version"
 MREG_FORMAT = "dev.mreg.format"
+#: cosign's annotations on a bundle referrer (what it holds), and mreg's (the record's claims: never trusted).
+BUNDLE_CONTENT = "dev.sigstore.bundle.content"
+BUNDLE_PREDICATE = "dev.sigstore.bundle.predicateType"
+SIG_SIGNER = "dev.mreg.signature.signer"
+SIG_KEY_ID = "dev.mreg.signature.key-id"
+SIG_METHOD = "dev.mreg.signature.method"
+SIG_ORIGIN = "dev.mreg.signature.origin"
+SIG_BY = "dev.mreg.signature.by"
 
 _WEIGHTS = (".safetensors", ".gguf", ".onnx", ".onnx_data", ".data", ".plan", ".engine", ".bin", ".pt", ".pth")
 _DOCS = (".md", ".txt", ".rst", ".pdf")

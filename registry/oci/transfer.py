@@ -2,11 +2,15 @@
 
 Push: pack (pure) → the tag's current manifest (a different digest refused unless forced) →
 HEAD every blob, upload only the missing ones (streamed; chunked when large) → PUT the manifest
-last. A killed push leaves only blobs no manifest names; the next push sends what is missing.
+→ the version's signature records, each a referrer of that manifest (`signatures`), those not
+listed yet. A killed push leaves only blobs no manifest names (or a model with fewer signatures);
+the next push sends what is missing.
 
-Pull and sync: the manifest (its digest checked against the reference when it is one) → every
-layer streamed, hashed while written, compared with its descriptor → only then the snapshot (cache)
-or the version (store) appears, and the local alias flips last.
+Pull and sync: the manifest (its digest checked against the reference when it is one) → (sync) its
+signature referrers, judged against the trust policy of the model the mreg manifest layer names,
+before any other layer is fetched → every layer streamed, hashed while written, compared with its
+descriptor → only then the snapshot (cache) or the version (store) appears, then the signature
+records beside it, and the local alias flips last. A pull ignores signatures.
 """
 
 from __future__ import annotations
@@ -29,13 +33,16 @@ from registry.digest import write_hashed
 from registry.errors import Conflict, IntegrityError, NotFound, UsageError
 from registry.oci import media
 from registry.oci.layout import LayoutTarget
-from registry.oci.pack import pack
+from registry.oci.pack import Blob, pack
 from registry.oci.reference import DIGEST, LayoutRef, OciRef
 from registry.oci.registry import RegistryTarget
+from registry.oci.signatures import admitted, push_signatures, read_signatures
 from registry.oci.target import FetchedManifest, Target
 from registry.progress import NoProgress, Progress
 from registry.store.local import LocalStore
 from registry.store.protocol import Version
+from registry.store.signatures import write_record
+from registry.store.trust import TrustPolicy
 
 #: The mreg manifest layer is small; a larger one is not ours.
 MAX_MREG_MANIFEST = 16 << 20
@@ -60,6 +67,8 @@ class OciPushOutcome:
     uploaded_bytes: int
     present_blobs: int
     replaced: str | None = None
+    #: Signature records sent as referrers (those already listed are not counted).
+    signatures: int = 0
 
 
 def push(store: LocalStore, version: Version, target: Target, tag: str, *, force: bool = False,
@@ -69,8 +78,14 @@ def push(store: LocalStore, version: Version, target: Target, tag: str, *, force
     raw = (Path(version.path) / layout.MANIFEST).read_bytes()
     packed = pack(version.manifest, raw)
     current = target.get_manifest(tag)
+    records = store.signatures(version.name, version.number)
+
+    def send(b: Blob) -> None:  # a signature's blobs: a few kilobytes, not worth a progress line
+        _send_small(store, target, b, lambda _n: None)
+
     if current is not None and current.digest == packed.digest:
-        return OciPushOutcome(packed.digest, tag, True, 0, 0, len(packed.blobs))
+        return OciPushOutcome(packed.digest, tag, True, 0, 0, len(packed.blobs),
+                              signatures=push_signatures(records, target, packed.manifest, send))
     if current is not None and not force:
         raise Conflict(f"{target.location}:{tag} already names {current.digest[:19]}…, not this version "
                        f"({packed.digest[:19]}…)",
@@ -80,18 +95,24 @@ def push(store: LocalStore, version: Version, target: Target, tag: str, *, force
     progress.start(f"pushing {version.name}@{version.number}", sum(b.size for b in missing))
     for b in missing:
         if b.data is not None:
-            tmp = _spill(store, b.data)
-            try:
-                target.upload_blob(b.digest, b.size, tmp, progress.advance)
-            finally:
-                tmp.unlink(missing_ok=True)
+            _send_small(store, target, b, progress.advance)
         else:
             target.upload_blob(b.digest, b.size, layout.blob_path(store.root, b.digest.split(":", 1)[1]),
                                progress.advance)
     progress.done()
     target.put_manifest(packed.manifest, media.OCI_MANIFEST, tag)
+    sent = push_signatures(records, target, packed.manifest, send)
     return OciPushOutcome(packed.digest, tag, False, len(missing), sum(b.size for b in missing),
-                          len(packed.blobs) - len(missing), current.digest if current else None)
+                          len(packed.blobs) - len(missing), current.digest if current else None, sent)
+
+
+def _send_small(store: LocalStore, target: Target, b: Blob, advance: Callable[[int], None]) -> None:
+    assert b.data is not None
+    tmp = _spill(store, b.data)
+    try:
+        target.upload_blob(b.digest, b.size, tmp, advance)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _spill(store: LocalStore, data: bytes) -> Path:
@@ -247,11 +268,16 @@ class OciSyncOutcome:
     downloaded_blobs: int
     downloaded_bytes: int
     entry: HistoryEntry | None = None
+    #: Signature records kept beside the local version (with a trust policy: the valid ones).
+    signatures: int = 0
 
 
 def sync(target: Target, reference: str | None, local: LocalStore, *, alias: str, name: str | None = None,
-         progress: Progress | None = None) -> OciSyncOutcome:
-    """Materialize the mreg version an artifact carries in the local store (same number), then flip `alias`."""
+         progress: Progress | None = None, trust: Callable[[str], TrustPolicy] | None = None) -> OciSyncOutcome:
+    """Materialize the mreg version an artifact carries in the local store (same number), then flip `alias`.
+
+    `trust` gives the policy of the model the artifact names: where it is not empty, the version's signature
+    referrers must hold one that verifies (GateRefused before any layer is fetched otherwise)."""
     from registry.store.transfer import local_flip
 
     progress = progress or NoProgress()
@@ -269,17 +295,22 @@ def sync(target: Target, reference: str | None, local: LocalStore, *, alias: str
             layer = by_digest.get(f.sha256)
             if layer is None or layer.size != f.size:
                 raise _hostile(f"{target.location}:{reference}", f"{a.path}/{f.path} is not among the layers")
-    have = _local_digest(local, manifest.name, manifest.version)
     wanted = hashlib.sha256(raw).hexdigest()
+    version = Version(manifest.name, manifest.version, manifest, wanted, f"{target.location}@{art.manifest.digest}")
+    keep = admitted(read_signatures(target, art.manifest.digest, version), version,
+                    trust(manifest.name) if trust is not None else None, f"{target.location}:{reference or ''}")
+    have = _local_digest(local, manifest.name, manifest.version)
     downloaded = (0, 0)
     if have is None:
         downloaded = _materialize(target, local, manifest, raw, progress)
     elif have != wanted:
         raise Conflict(f"the local store already has a different {manifest.name}@{manifest.version}",
                        hint="sync into a store used only for syncing from this registry")
+    for rec in keep:
+        write_record(local, rec)
     _, entry = local_flip(local, manifest.name, alias, manifest.version)
     return OciSyncOutcome(manifest.name, manifest.version, art.manifest.digest, entry is not None, *downloaded,
-                          entry=entry)
+                          entry=entry, signatures=len(keep))
 
 
 def _local_digest(local: LocalStore, name: str, number: int) -> str | None:
