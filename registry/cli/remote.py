@@ -136,7 +136,7 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
                "signatures": o.signatures, "path": local.alias_mount(o.name, alias)}
         Output(as_json).result(doc, f"✓ {o.name} {alias} → {o.version}" + (
             f" ({o.downloaded_blobs} blob(s), {human_size(o.downloaded_bytes)} downloaded)" if o.changed else
-            " (already current)"))
+            " (already current)") + (f"; {o.signatures} signature record(s) kept" if o.signatures else ""))
         return
     if name is None:
         raise click.UsageError("NAME is required when syncing from S3")

@@ -62,13 +62,12 @@ def updated(current: bytes | None, entry: dict[str, Any], where: str) -> bytes |
 
     A tag that names something other than an index is not ours to replace: Conflict.
     """
-    if current is None:
-        doc: dict[str, Any] = {"schemaVersion": 2, "mediaType": media.OCI_INDEX, "manifests": []}
-    else:
+    doc: Any = {"schemaVersion": 2, "mediaType": media.OCI_INDEX, "manifests": []}
+    if current is not None:
         try:
             doc = json.loads(current)
         except ValueError:
-            doc = None  # type: ignore[assignment]
+            doc = None
         if not isinstance(doc, dict) or not isinstance(doc.get("manifests"), list):
             raise Conflict(f"{where} is not an image index, so it is not a referrers list mreg can extend",
                            hint="delete that tag (it is the referrers tag schema's name) or push to another "

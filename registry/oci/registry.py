@@ -251,24 +251,29 @@ class RegistryTarget:
 
     def referrers(self, subject: str) -> list[dict[str, Any]]:
         """The referrers API's list (every page), or, where it answers 404, the referrers tag schema's index."""
-        url: str | None = f"{self.base}referrers/{subject}"
+        url = f"{self.base}referrers/{subject}"
         out: list[dict[str, Any]] = []
         for page in range(MAX_REFERRER_PAGES):
-            assert url is not None
-            resp = self._send("GET", url, headers={"Accept": media.OCI_INDEX})
-            if resp.status_code == 404 and page == 0:  # no referrers API (distribution 2.8): the tag schema
-                got = self.get_manifest(referrers.tag_for(subject))
-                return referrers.entries(got.data if got else None)
-            if resp.status_code != 200:
-                raise self._fail(resp, f"GET referrers of {subject[:19]}…")
-            if len(resp.content) > MAX_MANIFEST:
-                raise IntegrityError(f"{self.location}: the referrers of {subject[:19]}… are over {MAX_MANIFEST} "
-                                     "bytes a page", hint="this is not a registry mreg can read referrers from")
-            out += referrers.entries(resp.content)
-            url = resp.links.get("next", {}).get("url")
-            if not url:
-                return out
-            url = urljoin(str(resp.url), url)
+            resp = self._send("GET", url, headers={"Accept": media.OCI_INDEX}, stream=True)
+            try:
+                if resp.status_code == 404 and page == 0:  # no referrers API (distribution 2.8): the tag schema
+                    got = self.get_manifest(referrers.tag_for(subject))
+                    return referrers.entries(got.data if got else None)
+                if resp.status_code != 200:
+                    raise self._fail(resp, f"GET referrers of {subject[:19]}…")
+                data = b""
+                for block in resp.iter_bytes(READ):
+                    data += block
+                    if len(data) > MAX_MANIFEST:
+                        raise IntegrityError(f"{self.location}: a page of the referrers of {subject[:19]}… is over "
+                                             f"{MAX_MANIFEST} bytes", hint="this is not a list mreg can read")
+            finally:
+                resp.close()
+            out += referrers.entries(data)
+            following = resp.links.get("next", {}).get("url")
+            if not following:
+                break
+            url = urljoin(str(resp.url), following)
         return out
 
     def put_referrer(self, data: bytes, media_type: str, subject: str) -> None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from manifests import Provenance, SignatureRecord
-from registry.errors import GateRefused, UsageError
+from registry.errors import GateRefused, IntegrityError, NotFound, UsageError
 from registry.oci import media
 from registry.oci.pack import Blob, Packed
 from registry.oci.reference import DIGEST
@@ -45,6 +45,8 @@ from registry.store.trust import TrustPolicy
 
 #: A bundle is a few kilobytes (a certificate chain at most tens); a larger layer is not one.
 MAX_BUNDLE = 1 << 20
+#: Signature referrers read per version; a list longer than this is someone's flood, and the rest is set aside.
+MAX_SIGNATURES = 64
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
@@ -141,10 +143,13 @@ def read_signatures(target: Target, subject: str, version: Version) -> Found:
         # when it copies an index) is read to find out.
         if (kind is not None and kind != media.SIGSTORE_BUNDLE) or not isinstance(digest, str) or digest in seen:
             continue
+        if len(seen) == MAX_SIGNATURES:
+            damaged.append(f"more than {MAX_SIGNATURES} signature referrers: the rest were not read")
+            break
         seen.add(digest)
         try:
             rec = _read_one(target, digest, subject, version)
-        except _Damaged as e:
+        except (_Damaged, NotFound, IntegrityError) as e:  # a missing or oversized blob: this referrer only
             damaged.append(f"referrer {digest[:19]}…: {e}")
             continue
         if rec is not None:

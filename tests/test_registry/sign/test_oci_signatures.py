@@ -210,3 +210,21 @@ def test_signatures_in_layouts_pushed_by_mreg_and_copied_by_skopeo(
     _skopeo_copy("--all", f"docker://{repo}:{tag}", f"oci:{copied}:{tag}")
     synced = ok(mreg("sync", f"oci-layout:{copied}:v1", "--store", tmp_path / "n2", "--json"))
     assert synced["version"] == 1 and synced["signatures"] == 1
+
+
+def test_a_referrers_tag_that_is_not_an_index_is_left_alone(
+        mreg: Any, tmp_path: Path, repo: str, isolated: Path, keys: dict[str, KeyPair]) -> None:
+    """The tag-schema name taken by something else: a push refuses to overwrite it (exit 5), a sync reads no
+    referrers from it (so a policy refuses the version), and the tag still names what it named."""
+    ref = _version(mreg, tmp_path, 0)
+    digest = ok(mreg("push", ref, f"oci://{repo}:v1", "--insecure", "--json"))["digest"]
+    tag = digest.replace(":", "-")
+    ok(mreg("push", ref, f"oci://{repo}:{tag}", "--insecure", "--json"))  # the model itself under that name
+    ok(mreg("sign", ref, "--key", keys["release"].private, "--json"))
+    refused = mreg("push", ref, f"oci://{repo}:v1", "--insecure", "--json")
+    assert refused.exit_code == 5 and "not an image index" in refused.json["error"]["message"], refused.stdout
+    assert _skopeo_raw(f"{repo}:{tag}")["artifactType"] == media.MODEL_ARTIFACT
+    _trust(isolated, _keys_table("trust", keys["release"]))
+    node = tmp_path / "node"
+    r = mreg("sync", f"oci://{repo}:v1", "--insecure", "--store", node, "--json")
+    assert r.exit_code == 6 and "is not signed" in r.json["error"]["message"] and _untouched(node)
