@@ -7,9 +7,11 @@ and copying what mreg wrote.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -228,3 +230,56 @@ def test_a_referrers_tag_that_is_not_an_index_is_left_alone(
     node = tmp_path / "node"
     r = mreg("sync", f"oci://{repo}:v1", "--insecure", "--store", node, "--json")
     assert r.exit_code == 6 and "is not signed" in r.json["error"]["message"] and _untouched(node)
+
+
+def _model_signing(*args: str | Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "model_signing", *map(str, args)], capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_bundles_on_the_registry_interoperate_with_the_model_signing_cli(
+        mreg: Any, tmp_path: Path, repo: str, isolated: Path, store_root: Path, registry: LocalRegistry,
+        keys: dict[str, KeyPair]) -> None:
+    from registry.oci.reference import LayoutRef, parse
+    from registry.oci.registry import RegistryTarget
+
+    ref = _version(mreg, tmp_path, 0, keys["release"])
+    digest = ok(mreg("push", ref, f"oci://{repo}:v1", "--insecure", "--json"))["digest"]
+    vdir = store_root / "models/m/versions/1"
+    # mreg → model_signing: the referrer's layer, as the registry holds it, is the file `model_signing verify` takes.
+    [entry] = _skopeo_raw(f"{repo}:{digest.replace(':', '-')}")["manifests"]
+    layer = _skopeo_raw(f"{repo}@{entry['digest']}")["layers"][0]["digest"]
+    sig = tmp_path / "from-registry.sig"
+    sig.write_bytes(registry.blob_file(layer).read_bytes())
+    _model_signing("verify", "key", "--signature", sig, "--public_key", keys["release"].public, vdir)
+
+    # model_signing → mreg: its CLI signs the version directory, another tool attaches the bundle (as
+    # `oras attach --artifact-type application/vnd.dev.sigstore.bundle.v0.3+json` does: no mreg annotations).
+    ops, _ = write_key(tmp_path / "pki", "ops")
+    made = tmp_path / "cli.sig"
+    _model_signing("sign", "key", "--signature", made, "--private_key", ops.private, vdir)
+    (tmp_path / "empty").write_bytes(media.EMPTY_DATA)
+    bundle = made.read_bytes()
+    bundle_digest = "sha256:" + hashlib.sha256(bundle).hexdigest()
+    subject = _skopeo_raw(f"{repo}:v1")
+    oci_ref = parse(f"oci://{repo}")
+    assert not isinstance(oci_ref, LayoutRef)
+    with RegistryTarget(oci_ref, insecure=True) as target:
+        target.upload_blob(media.EMPTY_DIGEST, 2, tmp_path / "empty", lambda _n: None)
+        target.upload_blob(bundle_digest, len(bundle), made, lambda _n: None)
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": media.OCI_MANIFEST, "artifactType": media.SIGSTORE_BUNDLE,
+            "config": {"mediaType": media.OCI_EMPTY, "digest": media.EMPTY_DIGEST, "size": 2},
+            "layers": [{"mediaType": media.SIGSTORE_BUNDLE, "digest": bundle_digest, "size": len(bundle)}],
+            "subject": {"mediaType": media.OCI_MANIFEST, "digest": digest,
+                        "size": len(json.dumps(subject, separators=(",", ":")))},
+            "annotations": {media.CREATED: "2026-01-02T03:04:05Z"}}).encode()
+        target.put_referrer(manifest, media.OCI_MANIFEST, digest)
+    assert len(_skopeo_raw(f"{repo}:{digest.replace(':', '-')}")["manifests"]) == 2
+    _trust(isolated, _keys_table("trust", ops))
+    node = tmp_path / "node"
+    assert ok(mreg("sync", f"oci://{repo}:v1", "--insecure", "--store", node, "--json"))["signatures"] == 1
+    [shown] = ok(mreg("show", "m@1", "--store", node, "--json"))["signatures"]
+    assert shown["status"] == "valid" and shown["origin"] == "import" and shown["signer"].startswith("key ")
+    assert shown["at"].startswith("2026-01-02T03:04:05")
