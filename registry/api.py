@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from registry import config
-from registry.errors import GateRefused, IntegrityError, NotFound, UsageError
+from registry.errors import IntegrityError, NotFound, UsageError
 from registry.progress import Progress
 from registry.refs import Ref, check_alias, check_name, is_name, parse_ref
 
@@ -381,25 +381,23 @@ def oci_push(store: LocalStore, version: str | Version, destination: str, *, for
 
 def oci_sync(source: str, store: LocalStore, *, alias: str = "production", name: str | None = None,
              insecure: bool = False, progress: Progress | None = None,
-             trust: TrustPolicy | None = None) -> OciSyncOutcome:
+             trust: TrustPolicy | Callable[[str], TrustPolicy] | None = None) -> OciSyncOutcome:
     """Materialize the version an OCI artifact carries in the local store (every layer verified), then flip
-    the local alias to it.
+    the local alias to it; its signature records (referrers of the artifact) are kept beside it.
 
-    Signatures do not travel over OCI yet, so under a trust policy (`trust` not empty) nothing could verify:
-    the sync is refused before anything is downloaded rather than flipping to an unsigned version."""
+    `trust` is a policy, or a function from the model's name (which the artifact tells) to its policy
+    (`lambda n: trust_policy(settings, n)`). Under a policy that is not empty, only a version one of whose
+    signatures verifies is synced (else `GateRefused`, before any layer is downloaded)."""
     from registry.oci import reference, transfer
 
     check_alias(alias)
     if name is not None:
         check_name(name)
-    if trust is not None and not trust.empty:
-        raise GateRefused(f"a trust policy ({trust.origin}) applies, and signatures do not travel over OCI yet: "
-                          f"nothing synced from {source}",
-                          hint="sync from the S3 store the version was pushed to with its signatures, or remove "
-                               "the policy for this model")
     ref = reference.parse(source)
     target = transfer.open_target(ref, insecure=insecure)
-    return transfer.sync(target, ref.digest or ref.tag, store, alias=alias, name=name, progress=progress)
+    policy_of = trust if callable(trust) or trust is None else (lambda _name, p=trust: p)
+    return transfer.sync(target, ref.digest or ref.tag, store, alias=alias, name=name, progress=progress,
+                         trust=policy_of)
 
 
 def trust_policy(settings: config.Settings, name: str) -> TrustPolicy:

@@ -26,18 +26,9 @@ from registry.refs import check_alias, check_name, parse_ref
 from registry.units import human_size
 
 if TYPE_CHECKING:
-    from registry.config import Settings
     from registry.store.local import LocalStore
     from registry.store.protocol import Version
     from registry.store.transfer import SyncOutcome
-    from registry.store.trust import TrustPolicy
-
-
-def _any_trust(settings: Settings) -> TrustPolicy:
-    """Without NAME, the policy of `[trust]`, else of the first `[models.X.trust]`: any policy refuses OCI."""
-    models = settings.raw.get("models", {})
-    named = [n for n, t in models.items() if isinstance(t, dict) and "trust" in t] if isinstance(models, dict) else []
-    return api.trust_policy(settings, named[0] if named and "trust" not in settings.raw else "")
 
 
 def _is_oci(location: str) -> bool:
@@ -76,7 +67,9 @@ def push_cmd(ref: str, remote: str, force: bool, as_image: bool, base: str | Non
     layer; blobs the registry has are not sent; the manifest is PUT last, under TAG (default: the
     version number). A tag naming another digest is refused (exit 5) unless --force. A large blob
     goes in chunks; a push killed mid-blob is resumed by the next one (`resumed_bytes`), and one
-    Ctrl-C or SIGTERM stops after the chunk in flight, so that it can be (exit 130).
+    Ctrl-C or SIGTERM stops after the chunk in flight, so that it can be (exit 130). Each signature
+    record of the version follows as a referrer of that manifest (a Sigstore-bundle artifact whose
+    subject it is: the referrers API, else the `sha256-<hex>` tag); one already listed is not sent.
     oci-archive:FILE.tar is a layout as one tar file (written to a temporary name, then renamed;
     an existing archive is rewritten with the tag added). --as-image pushes a regular image:
     each file as an uncompressed tar layer at /models/NAME/FORMAT/PATH, mreg's manifest at
@@ -140,14 +133,16 @@ def _push_oci(local: LocalStore, v: Version, remote: str, force: bool, insecure:
     doc = {"name": v.name, "local_version": v.number, "remote": remote, "as_image": as_image, "base": base,
            "tag": out.tag, "digest": out.digest,
            "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
-           "present_blobs": out.present_blobs, "replaced": out.replaced, "resumed_bytes": out.resumed_bytes}
+           "present_blobs": out.present_blobs, "replaced": out.replaced, "resumed_bytes": out.resumed_bytes,
+           "signatures": out.signatures}
+    signed = f"; {out.signatures} signature(s) sent" if out.signatures else ""
     Output(as_json).result(doc, (
         f"✓ {v.name}@{v.number} → {remote} (tag {out.tag}, {out.digest[:19]}…; "
-        + ("already there; nothing uploaded)" if out.reused else
+        + (f"already there; nothing uploaded{signed})" if out.reused else
            f"{out.uploaded_blobs} blob(s), {human_size(out.uploaded_bytes)} uploaded; {out.present_blobs} "
            "already there" + (f"; {human_size(out.resumed_bytes)} resumed from an interrupted upload"
                               if out.resumed_bytes else "")
-           + (f"; tag moved from {out.replaced[:19]}…" if out.replaced else "") + ")")))
+           + (f"; tag moved from {out.replaced[:19]}…" if out.replaced else "") + signed + ")")))
 
 
 @click.command("sync")
@@ -172,26 +167,26 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
     From OCI (a registry, a layout directory or an oci-archive:FILE.tar, read in place; NAME
     optional: the artifact names its version), the version mreg pushed there is reproduced
     exactly, under its number, every layer verified, and the local --alias flips to it (from an
-    image pushed with --as-image too).
+    image pushed with --as-image too); its signatures come from the artifact's referrers
+    (Sigstore bundles whose subject it is).
 
-    From S3, with a trust policy in the config file (`[trust]`, `[models.NAME.trust]`), a version
-    none of whose signatures verifies against it is refused (exit 6) before anything is downloaded
-    (signatures do not travel over OCI yet: under a trust policy an OCI sync is refused, exit 6).
+    With a trust policy in the config file (`[trust]`, `[models.NAME.trust]`), a version none of
+    whose signatures verifies against it is refused (exit 6) before anything is downloaded, and
+    the local alias is left as it was; the valid records are kept beside the local copy.
     """
     if _is_oci(remote):
         if watch is not None:
             raise click.UsageError("--watch follows S3 aliases; an OCI tag is not an alias")
         settings = settings_for(config_path, store=store)
         local = local_store(settings)
-        trust = api.trust_policy(settings, name) if name is not None else _any_trust(settings)
         o = api.oci_sync(remote, local, alias=alias, name=name, insecure=insecure, progress=progress_for(as_json),
-                         trust=trust)
+                         trust=lambda n: api.trust_policy(settings, n))
         doc = {"name": o.name, "alias": alias, "version": o.version, "digest": o.digest, "changed": o.changed,
                "downloaded_blobs": o.downloaded_blobs, "downloaded_bytes": o.downloaded_bytes,
-               "path": local.alias_mount(o.name, alias)}
+               "signatures": o.signatures, "path": local.alias_mount(o.name, alias)}
         Output(as_json).result(doc, f"✓ {o.name} {alias} → {o.version}" + (
             f" ({o.downloaded_blobs} blob(s), {human_size(o.downloaded_bytes)} downloaded)" if o.changed else
-            " (already current)"))
+            " (already current)") + (f"; {o.signatures} signature record(s) kept" if o.signatures else ""))
         return
     if name is None:
         raise click.UsageError("NAME is required when syncing from S3")

@@ -242,20 +242,23 @@ def gc_cmd(keep_history: int, keep_latest: int, dry_run: bool, yes: bool, grace_
 
     Never removes a version an alias points to, one named by the last --keep-history alias
     changes, or one of the newest --keep-latest versions. On S3, only unreferenced blobs older
-    than --grace-hours are removed; versions are kept.
+    than --grace-hours are removed; versions are kept. A removed version's signature records go
+    with it.
     """
     st = any_store(settings_for(config_path, store=store))
     applied = yes and not dry_run
     plan = api.gc(st, keep_history=keep_history, keep_latest=keep_latest, grace_hours=grace_hours, apply=applied)
     doc = {"applied": applied, "versions": [{"name": n, "version": v} for n, v in plan.versions],
            "blobs": len(plan.blobs), "blob_bytes": plan.blob_bytes, "staging": list(plan.staging),
-           "stale_leases": len(plan.leases), "kept": [{"name": n, "version": v, "why": w} for n, v, w in plan.kept]}
+           "stale_leases": len(plan.leases), "kept": [{"name": n, "version": v, "why": w} for n, v, w in plan.kept],
+           "signatures": [{"name": n, "version": v} for n, v in plan.signatures]}
     verb = "removed" if applied else "would remove"
 
     def human() -> str:
         lines = [f"{verb}: {len(plan.versions)} version(s), {len(plan.blobs)} blob(s) "
                  f"({human_size(plan.blob_bytes)}), {len(plan.staging)} interrupted write(s), "
-                 f"{len(plan.leases)} stale lease(s)"]
+                 f"{len(plan.leases)} stale lease(s)"
+                 + (f", the signature records of {len(plan.signatures)} removed version(s)" if plan.signatures else "")]
         lines += [f"  - {n}@{v}" for n, v in plan.versions]
         lines += [f"  kept {n}@{v}: {w}" for n, v, w in plan.kept]
         if not applied:

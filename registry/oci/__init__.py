@@ -11,6 +11,10 @@ manifest as a layer, so a pull reproduces the version byte for byte::
                application/vnd.cncf.model.doc.v1.raw        title hf/README.md
                application/vnd.mreg.manifest.v1+json        title .mreg/manifest.json (digest = manifest digest)
 
+Each signature record of the version follows as a referrer of that manifest (``subject``): a
+Sigstore-bundle artifact, found through the referrers API, the ``sha256-<hex>`` tag schema, or a
+layout's index.json (`referrers`, pure); `signatures` packs, reads and judges them.
+
 `reference` parses ``oci://HOST/REPO:TAG|@sha256:…``, ``oci-layout:DIR[:TAG]`` and
 ``oci-archive:FILE.tar[:TAG]``; `pack` builds the manifest and config (pure); `image` builds the
 same version as a regular image (`--as-image`: one deterministic tar layer per file, for

@@ -32,9 +32,9 @@ from typing import IO, Any
 from registry import atomic, layout
 from registry.digest import file_chunks
 from registry.errors import IntegrityError, NotFound, UsageError
-from registry.oci import media
+from registry.oci import media, referrers
 from registry.oci.image import BLOCK, tar_entry
-from registry.oci.layout import retag, select_entry
+from registry.oci.layout import index_referrers, retag, select_entry, with_referrer
 from registry.oci.reference import DIGEST, ArchiveRef
 from registry.oci.target import MAX_MANIFEST, BlobBody, FetchedManifest
 
@@ -226,6 +226,28 @@ class ArchiveTarget:
     def put_manifest(self, data: bytes, media_type: str, tag: str) -> None:
         """Carry the old archive's blobs over, add the manifest and the retagged index, then rename over FILE."""
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        self._finish(data, lambda index: retag(index, digest, media_type, len(data), tag))
+
+    def referrers(self, subject: str) -> list[dict[str, Any]]:
+        """The referrers of `subject` the archive's index lists (as in a layout)."""
+        def read(digest: str) -> bytes | None:
+            name = self._name(digest)
+            return self._small(name, MAX_MANIFEST) if name in self._members else None
+
+        return index_referrers(self._index_doc, subject, self.get_manifest, read)
+
+    def put_referrer(self, data: bytes, media_type: str, subject: str) -> None:
+        """List a referrer in the index, untagged (once): the archive is rewritten as by a push (each signature
+        costs a copy of the archive; signatures are few)."""
+        entry = referrers.descriptor(data, media_type)
+        if with_referrer(self._index_doc, entry) is None:
+            return
+        self._finish(data, lambda index: with_referrer(index, entry) or index)
+
+    def _finish(self, data: bytes, reindex: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """Carry the old archive's blobs over, add `data` (a manifest) and the index `reindex` makes, then rename
+        the new file over FILE."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
         self._begin()
         prefix = f"{layout.BLOBS}/sha256/"
         for name, (_, size) in self._members.items():
@@ -239,7 +261,7 @@ class ArchiveTarget:
         if digest not in self._written:
             self._add(self._name(digest), len(data), [data])
             self._written[digest] = len(data)
-        index = json.dumps(retag(self._index_doc, digest, media_type, len(data), tag), indent=2).encode()
+        index = json.dumps(reindex(self._index_doc), indent=2).encode()
         self._add(layout.OCI_INDEX_FILE, len(index), [index])
         assert self._out is not None and self._tmp is not None
         try:

@@ -3,7 +3,8 @@
 Layout (names in `registry.layout`)::
 
     <dir>/oci-layout              {"imageLayoutVersion": "1.0.0"}
-    <dir>/index.json              manifests, tagged by org.opencontainers.image.ref.name (rewritten atomically)
+    <dir>/index.json              manifests, tagged by org.opencontainers.image.ref.name (rewritten atomically);
+                                  referrers (signatures) listed untagged, with their artifactType and subject
     <dir>/blobs/sha256/<hex>      every blob, written to a temporary name, hashed, then renamed
 
 Blobs are copied, not linked: the directory is made to be carried across an air gap.
@@ -21,7 +22,7 @@ from typing import Any
 from registry import atomic, layout
 from registry.digest import file_chunks, write_hashed
 from registry.errors import IntegrityError, NotFound
-from registry.oci import media
+from registry.oci import media, referrers
 from registry.oci.reference import DIGEST, LayoutRef
 from registry.oci.target import MAX_MANIFEST, BlobBody, FetchedManifest
 
@@ -96,6 +97,8 @@ class LayoutTarget:
     def get_manifest(self, reference: str) -> FetchedManifest | None:
         """The manifest a tag, a digest, or (with "" and a single entry) the index names."""
         entry = select_entry(self.location, self._index(), reference)
+        if entry is None and DIGEST.match(reference) and self.blob_size(reference) is not None:
+            entry = {"digest": reference}  # by digest, a manifest an index inside lists (a referrer)
         if entry is None:
             return None
         path = self._blob(str(entry.get("digest")))
@@ -115,14 +118,68 @@ class LayoutTarget:
             index = retag(self._index(), digest, media_type, len(data), tag)
             atomic.write_bytes(self.root / layout.OCI_INDEX_FILE, json.dumps(index, indent=2).encode())
 
+    def referrers(self, subject: str) -> list[dict[str, Any]]:
+        """The index's manifests whose `subject` is this digest, and a tag-schema index (`skopeo copy` of one)."""
+        return index_referrers(self._index(), subject, self.get_manifest, self._read_small)
+
+    def _read_small(self, digest: str) -> bytes | None:
+        path = self._blob(digest)
+        try:
+            return path.read_bytes() if path.stat().st_size <= MAX_MANIFEST else None
+        except OSError:
+            return None
+
+    def put_referrer(self, data: bytes, media_type: str, subject: str) -> None:
+        """Write the manifest blob, then list it in the index, untagged (once)."""
+        entry = referrers.descriptor(data, media_type)
+        self._write(entry["digest"], iter([data]))
+        with atomic.flock(self.root / f"{layout.OCI_INDEX_FILE}.lock"):
+            index = with_referrer(self._index(), entry)
+            if index is not None:
+                atomic.write_bytes(self.root / layout.OCI_INDEX_FILE, json.dumps(index, indent=2).encode())
+
+
+def index_referrers(index: dict[str, Any], subject: str, get_manifest: Callable[[str], FetchedManifest | None],
+                    read: Callable[[str], bytes | None]) -> list[dict[str, Any]]:
+    """The referrers of `subject` an OCI index lists (a layout's or an archive's): untagged manifests whose
+    `subject` it is (their artifactType and annotations read from the manifest itself: another tool's entry may
+    carry neither), and the entries of a tag-schema index copied in (`skopeo copy` of one)."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in index.get("manifests", []):
+        if not isinstance(m, dict) or not isinstance(m.get("digest"), str):
+            continue
+        name = (m.get("annotations") or {}).get(media.REF_NAME)
+        if m.get("mediaType") == media.OCI_INDEX and name == referrers.tag_for(subject):
+            got = get_manifest(name)
+            out.update((e["digest"], e) for e in referrers.entries(got.data if got else None)
+                       if isinstance(e.get("digest"), str))
+        elif m.get("mediaType") == media.OCI_MANIFEST and m["digest"] not in out:
+            data = read(m["digest"]) if DIGEST.match(m["digest"]) else None
+            try:
+                doc = json.loads(data) if data is not None else None
+                if isinstance(doc, dict) and (doc.get("subject") or {}).get("digest") == subject:
+                    out[m["digest"]] = referrers.descriptor(data or b"", media.OCI_MANIFEST)
+            except (ValueError, AttributeError):
+                continue  # a damaged or missing entry refers to nothing; reading it as an artifact says why
+    return list(out.values())
+
+
+def with_referrer(index: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
+    """The index with a referrer's untagged entry added (pure), or None when it is already listed."""
+    if any(isinstance(m, dict) and m.get("digest") == entry["digest"] for m in index.get("manifests", [])):
+        return None
+    return {**index, "manifests": [*index.get("manifests", []), entry]}
+
 
 def select_entry(location: str, index: dict[str, Any], reference: str) -> dict[str, Any] | None:
-    """The index entry a tag or digest names, or with "" the only one (pure; several is a NotFound)."""
+    """The index entry a tag or digest names, or with "" the only artifact (pure; several is a NotFound; a
+    signature's untagged entry is not an artifact)."""
     entries = [m for m in index.get("manifests", []) if isinstance(m, dict)]
     if reference:
         hits = [m for m in entries if m.get("digest") == reference
                 or (m.get("annotations") or {}).get(media.REF_NAME) == reference]
     else:
+        entries = [m for m in entries if not referrers.is_listing_entry(m)]
         hits = entries if len(entries) == 1 else []
         if len(entries) > 1:
             tags = sorted(str((m.get("annotations") or {}).get(media.REF_NAME)) for m in entries)

@@ -12,6 +12,9 @@ OCI_EMPTY = "application/vnd.oci.empty.v1+json"
 IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
 IMAGE_CONFIG_TYPES = frozenset({IMAGE_CONFIG, "application/vnd.docker.container.image.v1+json"})
 TAR_LAYER = "application/vnd.oci.image.layer.v1.tar"
+#: The empty descriptor's blob (`{}`): the config of an artifact that needs none (a signature).
+EMPTY_DATA = b"{}"
+EMPTY_DIGEST = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
 
 MODEL_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
 MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
@@ -35,6 +38,9 @@ ORAS_UNPACK = "io.deis.oras.content.unpack"
 IMAGE_CONFIGS = frozenset({"application/vnd.oci.image.config.v1+json",
                            "application/vnd.docker.container.image.v1+json"})
 
+#: A Sigstore bundle (what model-signing writes), as cosign attaches one: the referrer's artifactType and its layer.
+SIGSTORE_BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+
 TITLE = "org.opencontainers.image.title"
 REF_NAME = "org.opencontainers.image.ref.name"
 CREATED = "org.opencontainers.image.created"
@@ -47,6 +53,14 @@ MREG_MANIFEST_DIGEST = "dev.mreg.manifest-digest"
 VERSION = "org.opencontainers.image.version"
 BASE_NAME = "org.opencontainers.image.base.name"
 BASE_DIGEST = "org.opencontainers.image.base.digest"
+#: cosign's annotations on a bundle referrer (what it holds), and mreg's (the record's claims: never trusted).
+BUNDLE_CONTENT = "dev.sigstore.bundle.content"
+BUNDLE_PREDICATE = "dev.sigstore.bundle.predicateType"
+SIG_SIGNER = "dev.mreg.signature.signer"
+SIG_KEY_ID = "dev.mreg.signature.key-id"
+SIG_METHOD = "dev.mreg.signature.method"
+SIG_ORIGIN = "dev.mreg.signature.origin"
+SIG_BY = "dev.mreg.signature.by"
 
 _WEIGHTS = (".safetensors", ".gguf", ".onnx", ".onnx_data", ".data", ".plan", ".engine", ".bin", ".pt", ".pth")
 _DOCS = (".md", ".txt", ".rst", ".pdf")

@@ -34,7 +34,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx2
 
 from registry.errors import CredentialsRefused, IntegrityError, Interrupted, NotFound, StoreUnreachable, UsageError
-from registry.oci import auth, media
+from registry.oci import auth, media, referrers
 from registry.oci.reference import OciRef
 from registry.oci.target import MAX_MANIFEST, BlobBody, FetchedManifest
 from registry.oci.uploads import UploadSessions
@@ -43,6 +43,8 @@ from registry.oci.uploads import UploadSessions
 MONOLITHIC_MAX = 64 << 20
 CHUNK = 32 << 20
 READ = 1 << 20
+#: A referrers list longer than this many pages is not read further (each page is up to MAX_MANIFEST).
+MAX_REFERRER_PAGES = 64
 ACCEPT = ", ".join((media.OCI_MANIFEST, media.OCI_INDEX, media.DOCKER_MANIFEST))
 Body = Callable[[], Iterable[bytes]] | bytes | None
 
@@ -348,6 +350,49 @@ class RegistryTarget:
         resp = self._send("PUT", f"{self.base}manifests/{tag}", body=data, headers={"Content-Type": media_type})
         if resp.status_code != 201:
             raise self._fail(resp, f"manifest {tag}")
+
+    def referrers(self, subject: str) -> list[dict[str, Any]]:
+        """The referrers API's list (every page), or, where it answers 404, the referrers tag schema's index."""
+        url = f"{self.base}referrers/{subject}"
+        out: list[dict[str, Any]] = []
+        for page in range(MAX_REFERRER_PAGES):
+            resp = self._send("GET", url, headers={"Accept": media.OCI_INDEX}, stream=True)
+            try:
+                if resp.status_code == 404 and page == 0:  # no referrers API (distribution 2.8): the tag schema
+                    got = self.get_manifest(referrers.tag_for(subject))
+                    return referrers.entries(got.data if got else None)
+                if resp.status_code != 200:
+                    raise self._fail(resp, f"GET referrers of {subject[:19]}…")
+                data = b""
+                for block in resp.iter_bytes(READ):
+                    data += block
+                    if len(data) > MAX_MANIFEST:
+                        raise IntegrityError(f"{self.location}: a page of the referrers of {subject[:19]}… is over "
+                                             f"{MAX_MANIFEST} bytes", hint="this is not a list mreg can read")
+            finally:
+                resp.close()
+            out += referrers.entries(data)
+            following = resp.links.get("next", {}).get("url")
+            if not following:
+                break
+            url = urljoin(str(resp.url), following)
+        return out
+
+    def put_referrer(self, data: bytes, media_type: str, subject: str) -> None:
+        """PUT the manifest by digest; unless the registry lists it itself (it answers `OCI-Subject`), add it to
+        the tag-schema index (read, append, PUT: the spec has no compare-and-swap for it)."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        resp = self._send("PUT", f"{self.base}manifests/{digest}", body=data, headers={"Content-Type": media_type})
+        if resp.status_code != 201:
+            raise self._fail(resp, f"referrer {digest[:19]}…")
+        if resp.headers.get("oci-subject") == subject:
+            return
+        tag = referrers.tag_for(subject)
+        current = self.get_manifest(tag)
+        index = referrers.updated(current.data if current else None, referrers.descriptor(data, media_type),
+                                  f"{self.location}:{tag}")
+        if index is not None:
+            self.put_manifest(index, media.OCI_INDEX, tag)
 
     def close(self) -> None:
         """Close the connection pool."""

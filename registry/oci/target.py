@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 #: A manifest is small; anything larger than this is refused before it is parsed.
 MAX_MANIFEST = 4 << 20
@@ -55,3 +55,9 @@ class Target(Protocol):
 
     def put_manifest(self, data: bytes, media_type: str, tag: str) -> None:
         """Store a manifest and point the tag at it (the last write of a push)."""
+
+    def referrers(self, subject: str) -> list[dict[str, Any]]:
+        """Descriptors of the manifests whose `subject` is this digest, as the target lists them (unchecked)."""
+
+    def put_referrer(self, data: bytes, media_type: str, subject: str) -> None:
+        """Store a manifest whose subject is `subject` and list it among that digest's referrers (once)."""

@@ -2,11 +2,15 @@
 
 Push: pack (pure) → the tag's current manifest (a different digest refused unless forced) →
 HEAD every blob, upload only the missing ones (streamed; chunked when large) → PUT the manifest
-last. A killed push leaves only blobs no manifest names; the next push sends what is missing.
+→ the version's signature records, each a referrer of that manifest (`signatures`), those not
+listed yet. A killed push leaves only blobs no manifest names (or a model with fewer signatures);
+the next push sends what is missing.
 
-Pull and sync: the manifest (its digest checked against the reference when it is one) → every
-layer streamed, hashed while written, compared with its descriptor → only then the snapshot (cache)
-or the version (store) appears, and the local alias flips last.
+Pull and sync: the manifest (its digest checked against the reference when it is one) → (sync) its
+signature referrers, judged against the trust policy of the model the mreg manifest layer names,
+before any other layer is fetched → every layer streamed, hashed while written, compared with its
+descriptor → only then the snapshot (cache) or the version (store) appears, then the signature
+records beside it, and the local alias flips last. A pull ignores signatures.
 """
 
 from __future__ import annotations
@@ -32,14 +36,17 @@ from registry.oci.archive import ArchiveTarget
 from registry.oci.base import BaseImage
 from registry.oci.image import pack_image
 from registry.oci.layout import LayoutTarget
-from registry.oci.pack import pack
+from registry.oci.pack import Blob, pack
 from registry.oci.reference import DIGEST, ArchiveRef, LayoutRef, OciRef
 from registry.oci.registry import RegistryTarget
+from registry.oci.signatures import admitted, push_signatures, read_signatures
 from registry.oci.target import FetchedManifest, Target
 from registry.oci.unpack import ImageReader
 from registry.progress import NoProgress, Progress
 from registry.store.local import LocalStore
 from registry.store.protocol import Version
+from registry.store.signatures import write_record
+from registry.store.trust import TrustPolicy
 
 #: The mreg manifest layer is small; a larger one is not ours.
 MAX_MREG_MANIFEST = 16 << 20
@@ -82,6 +89,8 @@ class OciPushOutcome:
     replaced: str | None = None
     #: Bytes of `uploaded_bytes`' blobs not sent again: the registry had them from an interrupted upload.
     resumed_bytes: int = 0
+    #: Signature records sent as referrers (those already listed are not counted).
+    signatures: int = 0
 
 
 def push(store: LocalStore, version: Version, target: Target, tag: str, *, force: bool = False,
@@ -93,8 +102,14 @@ def push(store: LocalStore, version: Version, target: Target, tag: str, *, force
     packed = pack_image(store.root, version.manifest, raw, progress, base) if as_image else \
         pack(version.manifest, raw)
     current = target.get_manifest(tag)
+    records = store.signatures(version.name, version.number)
+
+    def send(b: Blob) -> None:  # a signature's blobs: a few kilobytes, not worth a progress line
+        _send_small(store, target, b, lambda _n: None)
+
     if current is not None and current.digest == packed.digest:
-        return OciPushOutcome(packed.digest, tag, True, 0, 0, len(packed.blobs))
+        return OciPushOutcome(packed.digest, tag, True, 0, 0, len(packed.blobs),
+                              signatures=push_signatures(records, target, packed.manifest, send))
     if current is not None and not force:
         raise Conflict(f"{target.location}:{tag} already names {current.digest[:19]}…, not this version "
                        f"({packed.digest[:19]}…)",
@@ -108,11 +123,7 @@ def push(store: LocalStore, version: Version, target: Target, tag: str, *, force
             if b.source is not None:
                 resumed += target.upload_blob(b.digest, b.size, b.source, progress.advance)
             elif b.data is not None:
-                tmp = _spill(store, b.data)
-                try:
-                    resumed += target.upload_blob(b.digest, b.size, tmp, progress.advance)
-                finally:
-                    tmp.unlink(missing_ok=True)
+                resumed += _send_small(store, target, b, progress.advance)
             else:
                 resumed += target.upload_blob(b.digest, b.size,
                                               layout.blob_path(store.root, b.digest.split(":", 1)[1]),
@@ -121,8 +132,18 @@ def push(store: LocalStore, version: Version, target: Target, tag: str, *, force
         target.put_manifest(packed.manifest, media.OCI_MANIFEST, tag)
         if isinstance(target, RegistryTarget) and target.sessions is not None:
             target.sessions.clear()  # every blob is there now: what is left of this target is stale
+    sent = push_signatures(records, target, packed.manifest, send)
     return OciPushOutcome(packed.digest, tag, False, len(missing), sum(b.size for b in missing) - resumed,
-                          len(packed.blobs) - len(missing), current.digest if current else None, resumed)
+                          len(packed.blobs) - len(missing), current.digest if current else None, resumed, sent)
+
+
+def _send_small(store: LocalStore, target: Target, b: Blob, advance: Callable[[int], None]) -> int:
+    assert b.data is not None
+    tmp = _spill(store, b.data)
+    try:
+        return target.upload_blob(b.digest, b.size, tmp, advance)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _spill(store: LocalStore, data: bytes) -> Path:
@@ -283,11 +304,16 @@ class OciSyncOutcome:
     downloaded_blobs: int
     downloaded_bytes: int
     entry: HistoryEntry | None = None
+    #: Signature records kept beside the local version (with a trust policy: the valid ones).
+    signatures: int = 0
 
 
 def sync(target: Target, reference: str | None, local: LocalStore, *, alias: str, name: str | None = None,
-         progress: Progress | None = None) -> OciSyncOutcome:
-    """Materialize the mreg version an artifact carries in the local store (same number), then flip `alias`."""
+         progress: Progress | None = None, trust: Callable[[str], TrustPolicy] | None = None) -> OciSyncOutcome:
+    """Materialize the mreg version an artifact carries in the local store (same number), then flip `alias`.
+
+    `trust` gives the policy of the model the artifact names: where it is not empty, the version's signature
+    referrers must hold one that verifies (GateRefused before any layer is fetched otherwise)."""
     from registry.store.transfer import local_flip
 
     progress = progress or NoProgress()
@@ -305,17 +331,22 @@ def sync(target: Target, reference: str | None, local: LocalStore, *, alias: str
             layer = by_digest.get(f.sha256)
             if layer is None or layer.size != f.size:
                 raise _hostile(f"{target.location}:{reference}", f"{a.path}/{f.path} is not among the layers")
-    have = _local_digest(local, manifest.name, manifest.version)
     wanted = hashlib.sha256(raw).hexdigest()
+    version = Version(manifest.name, manifest.version, manifest, wanted, f"{target.location}@{art.manifest.digest}")
+    keep = admitted(read_signatures(target, art.manifest.digest, version), version,
+                    trust(manifest.name) if trust is not None else None, f"{target.location}:{reference or ''}")
+    have = _local_digest(local, manifest.name, manifest.version)
     downloaded = (0, 0)
     if have is None:
         downloaded = _materialize(target, local, manifest, raw, progress)
     elif have != wanted:
         raise Conflict(f"the local store already has a different {manifest.name}@{manifest.version}",
                        hint="sync into a store used only for syncing from this registry")
+    for rec in keep:
+        write_record(local, rec)
     _, entry = local_flip(local, manifest.name, alias, manifest.version)
     return OciSyncOutcome(manifest.name, manifest.version, art.manifest.digest, entry is not None, *downloaded,
-                          entry=entry)
+                          entry=entry, signatures=len(keep))
 
 
 def _local_digest(local: LocalStore, name: str, number: int) -> str | None:

@@ -64,6 +64,14 @@ class ImageReader:
         """As the inner target."""
         self.inner.put_manifest(data, media_type, tag)
 
+    def referrers(self, subject: str) -> list[dict[str, Any]]:
+        """As the inner target (an image's signatures refer to the image's own manifest)."""
+        return self.inner.referrers(subject)
+
+    def put_referrer(self, data: bytes, media_type: str, subject: str) -> None:
+        """As the inner target."""
+        self.inner.put_referrer(data, media_type, subject)
+
     def close(self) -> None:
         """Close the inner target."""
         close = getattr(self.inner, "close", None)

@@ -2,7 +2,10 @@
 
 Never removes a version an alias points to, one named by the last N history entries, or one of
 the newest K versions of a model; never touches a staging tree whose writer still holds its lock;
-runs only while no publisher holds the store's writer lock.
+runs only while no publisher holds the store's writer lock. A removed version's signature records
+(`models/<name>/signatures/<n>/`) go with it, after its manifest (a version that is still visible
+never loses its records); records left by a gc killed after that are removed by the next one, and
+records of a kept version never are.
 
 Nothing is deleted that gc has not proven to be inside the store: a symlink where mreg keeps a version, an
 artifact, a blob directory or an interrupted write makes the plan (and so `gc --yes`) an IntegrityError
@@ -42,6 +45,8 @@ class GCPlan:
     staging: tuple[str, ...]
     #: S3: push leases past their expiry.
     leases: tuple[str, ...] = ()
+    #: Versions whose signature records are removed: those removed now, and those removed before.
+    signatures: tuple[tuple[str, int], ...] = ()
 
     @property
     def blob_bytes(self) -> int:
@@ -79,7 +84,31 @@ def plan_gc(store: LocalStore, *, keep_history: int = 10, keep_latest: int = 3) 
                 referenced.update(f.sha256 for f in art.files)
     blobs = [(d, p.stat().st_size) for d, p in store.blob_digests() if d not in referenced]
     staging = [str(p) for p in _stale_staging(store)]
-    return GCPlan(tuple(remove), tuple(kept), tuple(blobs), tuple(staging))
+    records = sorted({*(v for v in remove if _has_records(store, *v)), *_orphan_records(store)})
+    return GCPlan(tuple(remove), tuple(kept), tuple(blobs), tuple(staging), signatures=tuple(records))
+
+
+def _has_records(store: LocalStore, name: str, number: int) -> bool:
+    return layout.signatures_dir(store.root, name, number).is_dir()
+
+
+def _gone(store: LocalStore, name: str, number: int) -> bool:
+    """Whether a version was removed (its directory is there without a manifest: tombstoned, or a gc was killed
+    half way); a number with no directory at all was never a version here, so its records are not gc's to judge."""
+    vdir = layout.version_dir(store.root, name, number)
+    return vdir.is_dir() and not (vdir / layout.MANIFEST).exists()
+
+
+def _orphan_records(store: LocalStore) -> list[tuple[str, int]]:
+    """Signature records of versions removed earlier (by a gc that predates this rule or was killed)."""
+    out = []
+    for name in store.models():
+        d = layout.model_dir(store.root, name) / layout.SIGNATURES
+        if not d.is_dir():
+            continue
+        atomic.require_no_link(store.root, d, f"signatures of {name}")
+        out += [(name, int(p.name)) for p in d.iterdir() if p.name.isdigit() and _gone(store, name, int(p.name))]
+    return out
 
 
 def _stale_staging(store: LocalStore) -> list[Path]:
@@ -118,8 +147,16 @@ def execute_gc(store: LocalStore, plan: GCPlan) -> GCPlan:
                     else:
                         atomic.require_no_link(store.root, child, f"{name}@{n}")
                         child.unlink()
+                atomic.remove_tree(layout.signatures_dir(store.root, name, n), root=store.root)
                 (vdir / layout.TOMBSTONE).write_text("removed by mreg gc; the number is never reused\n")
                 removed_versions.append((name, n))
+        removed_records = []
+        for name, n in plan.signatures:
+            with store.alias_lock(name):
+                if not _gone(store, name, n):  # again: only a removed version's records, never a kept one's
+                    continue
+                atomic.remove_tree(layout.signatures_dir(store.root, name, n), root=store.root)
+                removed_records.append((name, n))
         removed_staging = []
         for s in plan.staging:
             p = Path(s)
@@ -145,7 +182,8 @@ def execute_gc(store: LocalStore, plan: GCPlan) -> GCPlan:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(blob)
                 removed_blobs.append((digest, size))
-    return GCPlan(tuple(removed_versions), plan.kept, tuple(removed_blobs), tuple(removed_staging))
+    return GCPlan(tuple(removed_versions), plan.kept, tuple(removed_blobs), tuple(removed_staging),
+                  signatures=tuple(removed_records))
 
 
 def collect(store: Store, *, keep_history: int = 10, keep_latest: int = 3, grace_s: float = 24 * 3600,

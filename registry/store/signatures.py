@@ -209,6 +209,11 @@ def _material(sig: Any) -> tuple[Literal["key", "certificate"], str, str | None]
     return "key", str(hint), None
 
 
+def bundle_material(bundle: dict[str, Any]) -> tuple[Literal["key", "certificate"], str, str | None]:
+    """(method, key id, certificate subject) of a bundle; ValueError, KeyError or TypeError when it does not parse."""
+    return _material(_read_bundle(bundle))
+
+
 def key_id(public_key_pem: Path) -> str:
     """The key id model-signing gives a public key: sha256 of its PEM (SubjectPublicKeyInfo) encoding."""
     from cryptography.hazmat.primitives import serialization

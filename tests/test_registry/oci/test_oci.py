@@ -225,26 +225,3 @@ def test_insecure_is_only_for_loopback(mreg: Any, tmp_path: Path) -> None:
     r = mreg("push", "m@1", "oci://registry.example.com/m:v1", "--insecure", "--json")
     assert r.exit_code == 2 and "loopback" in r.json["error"]["hint"]
 
-
-def test_a_trust_policy_refuses_an_oci_sync(mreg: Any, tmp_path: Path, isolated: Path) -> None:
-    """Signatures do not travel over OCI yet: a serving node with a trust policy must not flip to what it cannot
-    verify. Exit 6 before anything is downloaded; nothing appears in its store."""
-    pytest.importorskip("cryptography")
-    from support.pki import write_key
-
-    _published(mreg, tmp_path)
-    layout = tmp_path / "carry"
-    ok(mreg("push", "m@1", f"oci-layout:{layout}:v1", "--json"))
-    pair, _ = write_key(tmp_path, "release")
-    config = isolated / "home" / ".config" / "mreg" / "config.toml"
-    config.parent.mkdir(parents=True, exist_ok=True)
-    store2 = tmp_path / "store2"
-    for text, args in ((f'[trust]\nkeys = ["{pair.public}"]\n', ()),
-                       (f'[models.m.trust]\nkeys = ["{pair.public}"]\n', ("m",))):
-        config.write_text(text)
-        r = mreg("sync", f"oci-layout:{layout}", *args, "--store", store2, "--json")
-        assert r.exit_code == 6, r.stdout
-        assert "signatures do not travel over OCI" in r.json["error"]["message"]
-        assert not (store2 / "models" / "m").exists()
-    config.write_text("")
-    assert ok(mreg("sync", f"oci-layout:{layout}", "--store", store2, "--json"))["version"] == 1
