@@ -220,6 +220,30 @@ def test_signatures_in_layouts_pushed_by_mreg_and_copied_by_skopeo(
     assert synced["version"] == 1 and synced["signatures"] == 1
 
 
+def test_signatures_travel_in_archives_and_with_images(
+        mreg: Any, tmp_path: Path, repo: str, isolated: Path, keys: dict[str, KeyPair]) -> None:
+    """An oci-archive carries its referrers in its index (the archive rewritten once per new record), and an
+    image pushed with --as-image is signed as the image: a node under a policy syncs both, and refuses the
+    unsigned image."""
+    ref = _version(mreg, tmp_path, 0, keys["release"])
+    tar = tmp_path / "carry.tar"
+    assert ok(mreg("push", ref, f"oci-archive:{tar}:v1", "--json"))["signatures"] == 1
+    assert ok(mreg("push", ref, f"oci-archive:{tar}:v1", "--json"))["signatures"] == 0
+    _trust(isolated, _keys_table("trust", keys["release"]))
+    assert ok(mreg("sync", f"oci-archive:{tar}:v1", "--store", tmp_path / "n1", "--json"))["signatures"] == 1
+    assert ok(mreg("sync", f"oci-archive:{tar}", "--store", tmp_path / "n1b", "--json"))["signatures"] == 1
+
+    image = ok(mreg("push", ref, f"oci://{repo}:img", "--as-image", "--insecure", "--json"))
+    assert image["signatures"] == 1
+    synced = ok(mreg("sync", f"oci://{repo}:img", "--insecure", "--store", tmp_path / "n2", "--json"))
+    assert synced["version"] == 1 and synced["signatures"] == 1
+    unsigned = _version(mreg, tmp_path, 1)
+    ok(mreg("push", unsigned, f"oci://{repo}:img2", "--as-image", "--insecure", "--json"))
+    refused = mreg("sync", f"oci://{repo}:img2", "--insecure", "--store", tmp_path / "n3", "--json")
+    assert refused.exit_code == 6 and "is not signed" in refused.json["error"]["message"]
+    assert _untouched(tmp_path / "n3")
+
+
 def test_a_referrers_tag_that_is_not_an_index_is_left_alone(
         mreg: Any, tmp_path: Path, repo: str, isolated: Path, keys: dict[str, KeyPair]) -> None:
     """The tag-schema name taken by something else: a push refuses to overwrite it (exit 5), a sync reads no
