@@ -291,6 +291,7 @@ class GGUFConverter(ConverterBase):
             known_digests={dest.name: digest},
             requirements=requirements,
             tool_versions={"gguf-encoders": "+".join(encoders)},
+            weights_bytes=sum(i.nbytes for i in p.infos),
         )
 
     def mount_file(self, artifact: Artifact) -> str:

@@ -72,6 +72,8 @@ class HFConverter(ConverterBase):
                 detail="; ".join(problems) or None,
             ),
             known_digests=known,
+            # The safetensors files as they are (headers included: a few KiB), which is what an engine maps.
+            weights_bytes=sum(f.size for f in request.source.files if f.path.endswith(".safetensors")),
         )
 
     def open_session(self, artifact_dir: Path, artifact: Artifact, manifest: Manifest) -> Session:
