@@ -3,8 +3,8 @@
 Two panels share the x axis, the file's size (MiB): KL divergence from the float32 reference on a
 log scale above, perplexity ratio (llama.cpp's over the reference's) below. Each candidate is one
 `<g class="candidate" data-type=…>`: a labelled point in each panel when it was tried, a hollow point
-on a strip between the panels (at its size) when the search skipped it. The budget is a dashed line in the panel of its metric;
-the chosen type is ringed.
+on a strip between the panels (at its size) when the search skipped it. The budget is a dashed line
+in the panel of its metric; the chosen type is ringed.
 """
 
 from __future__ import annotations
@@ -113,10 +113,10 @@ def render(candidates: Sequence[GGUFCandidate], budget: dict[str, float], chosen
         if c.tried:
             colour = "#1a7f37" if c.meets else "#777"
             for key, y in (("kl_divergence", y_kl), ("perplexity_ratio", y_ppl)):
-                v = c.metrics.get(key)
-                if v is None or not math.isfinite(v):
+                value = c.metrics.get(key)
+                if value is None or not math.isfinite(value):
                     continue
-                cy = y(v)
+                cy = y(value)
                 parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4.5" fill="{colour}"/>'
                              f'<text x="{cx + 7:.1f}" y="{cy - 6:.1f}">{escape(c.type)}</text>')
                 if c.type == chosen:

@@ -3,11 +3,12 @@
 `--to gguf:Q4_K_M` picks the file type; `--to gguf:auto` the smallest one that meets a quality budget
 (`converters.gguf.auto`). The spec takes options after commas: `evaluation=default|FILE` and
 `tokens=N` (the text quality is measured on, `converters.gguf.evaluation`) and, for auto, a budget
-(`kl=0.02`, `kl99=`, `top1=`, `ppl=`, the keys of `--require gguf:…`). The conversion plans everything from config.json, the
-tokenizer files and the safetensors headers first (an unsupported model fails before any output),
-then streams: rows of one tensor at a time are read from the shards (pread), encoded on every
-core, written in order and hashed on the way. The file is then re-opened with gguf's reader and,
-when llama-cpp-python is installed, loaded by llama.cpp (see `converters.gguf.verify`).
+(`kl=0.02`, `kl99=`, `top1=`, `ppl=`, the keys of `--require gguf:…`). The conversion plans
+everything from config.json, the tokenizer files and the safetensors headers first (an
+unsupported model fails before any output), then streams: rows of one tensor at a time are read
+from the shards (pread), encoded on every core, written in order and hashed on the way. The file
+is then re-opened with gguf's reader and, when llama-cpp-python is installed, loaded by llama.cpp
+(see `converters.gguf.verify`).
 """
 
 from __future__ import annotations
@@ -233,7 +234,7 @@ class GGUFConverter(ConverterBase):
             try:
                 wanted = quality.parse("gguf:" + ",".join(budget)) if budget else dict(auto.DEFAULT_BUDGET)
             except UsageError as e:
-                raise UsageError(f"--budget {','.join(budget)}: {e}".replace(f"--require gguf:{','.join(budget)}: ", ""),
+                raise UsageError(f"--budget {','.join(budget)}: {str(e).split(': ', 1)[-1]}",
                                  hint="e.g. --budget kl=0.02 or --budget ppl=1.02,top1=0.9") from None
             return {"type": "auto", "budget": wanted, "candidates": list(auto.CANDIDATES),
                     "evaluation": texts.option(text or "default", tokens)}

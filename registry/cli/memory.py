@@ -56,7 +56,7 @@ def memory_lines(plan: MemoryPlan, version_path: str, manifest: Manifest) -> lis
         limit = f" (model max {plan.model_context})" if plan.model_context and f.max_context < f.max_context_fit else ""
         lines.append(f"    {f.format:<8} weights {human_size(f.weights_bytes)}, cache {human_size(f.cache_bytes)}: "
                      f"{f.sequences} sequences of {plan.context} tokens, or one of {f.max_context} tokens{limit}")
-        lines += [f"             {_command(e, version_path, manifest, f.format, args)}" for e, args in f.engines.items()]
+        lines += [f"{'':13}{_command(e, version_path, manifest, f.format, args)}" for e, args in f.engines.items()]
         lines += [f"             note: {n}" for n in f.notes]
     lines += [f"    note: {n}" for n in plan.notes]
     return lines

@@ -125,8 +125,10 @@ def show_cmd(ref: str, memory_gib: float | None, context: int | None, cache_type
         if m.model is not None and m.model.kv_cache is not None:
             kv = m.model.kv_cache
             per = ", ".join(f"{t} {human_size(n)}" for t, n in kv.bytes_per_token.items())
-            window = f"; window layers ({kv.sliding_window} tokens): " + ", ".join(
-                f"{t} {human_size(n)}" for t, n in kv.window_bytes_per_token.items()) if kv.window_bytes_per_token else ""
+            window = ""
+            if kv.window_bytes_per_token:
+                window = f"; window layers ({kv.sliding_window} tokens): " + ", ".join(
+                    f"{t} {human_size(n)}" for t, n in kv.window_bytes_per_token.items())
             lines.append(f"  kv cache  per token: {per}{window}")
         if serving is not None:
             lines += memory_lines(serving, v.path, m)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 from manifests import KVCache
 
@@ -86,6 +86,7 @@ def kv_cache_of(config: dict[str, Any]) -> KVCache | None:
     head_dim = _int(text, "head_dim") or (hidden // heads if hidden else 0)
     notes: list[str] = []
     lora, rope = _int(text, "kv_lora_rank"), _int(text, "qk_rope_head_dim")
+    attention: Literal["mha", "mla"]
     if lora is not None:
         elements = lora + (rope or 0)
         attention = "mla"
@@ -106,7 +107,8 @@ def kv_cache_of(config: dict[str, Any]) -> KVCache | None:
         bytes_per_token=per_token(full) or dict.fromkeys(DTYPE_BYTES, 0),
         window_bytes_per_token=per_token(windowed),
         sliding_window=window if windowed else None,
-        layers=layers, full_layers=full, window_layers=windowed, uncached_layers=kinds.count("none"), attention=attention,
+        layers=layers, full_layers=full, window_layers=windowed, uncached_layers=kinds.count("none"),
+        attention=attention,
         kv_heads=kv_heads if attention == "mha" else 1, head_dim=head_dim if attention == "mha" else elements,
         notes=tuple(notes),
     )

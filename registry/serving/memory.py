@@ -33,7 +33,7 @@ VLLM_CACHE = {"f16": "auto", "q8_0": "fp8", "q4_0": None}
 
 @dataclass(frozen=True)
 class ArtifactFit:
-    """One artifact's answer: its weights, the sequences of `context` tokens that fit, one sequence's largest context."""
+    """One artifact's answer: its weights, how many sequences of `context` tokens fit, one sequence's longest."""
 
     format: str
     weights_bytes: int
@@ -104,7 +104,8 @@ def _fit(a: Artifact, kv: KVCache, cache: int, context: int, model_context: int 
     fit = largest_context(kv, cache, cache_type, scale)
     longest = min(fit, model_context) if model_context else fit
     if cache <= 0:
-        notes.append(f"the weights ({a.weights_bytes / GIB:.2f} GiB) and the reserve leave no room for a KV cache")
+        weights = (a.weights_bytes or 0) / GIB
+        notes.append(f"the weights ({weights:.2f} GiB) and the reserve leave no room for a KV cache")
     if a.format == "hf" and VLLM_CACHE[cache_type] is not None and n:
         engines["vllm"] = ["--max-model-len", str(context), "--max-num-seqs", str(n),
                            "--gpu-memory-utilization", f"{utilization:g}", "--kv-cache-dtype",
