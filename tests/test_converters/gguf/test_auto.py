@@ -54,6 +54,8 @@ def test_auto_picks_the_type_whose_kl_is_just_within_the_budget(mreg: Any, tiny_
     budget = math.sqrt(small["metrics"]["kl_divergence"] * large["metrics"]["kl_divergence"])
 
     doc = ok(mreg("convert", src, *common, "--budget", f"kl={budget:.6g}"))
+    again = ok(mreg("convert", src, *common, "--budget", f"kl={budget:.6g}"))
+    assert again["reused"] and again["version"] == doc["version"], "same text, budget and candidates: same key"
     art, tree = artifact(store_root, "m", doc["version"], "gguf")
     sel = art["requirements"]["selection"]
     assert sel["chosen"] == large["type"] and art["requirements"]["quantization"] == large["type"]

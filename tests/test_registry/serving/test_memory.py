@@ -155,3 +155,20 @@ def _manifest(kv: dict[str, Any] | None, *, weights: int | None, context: int) -
         "model": {"context_length": context, "kv_cache": kv},
         "created": {"user": "u", "host": "h", "at": "2026-01-01T00:00:00Z", "mreg_version": "0", "python": "3"},
     })
+
+
+def test_an_onnx_encoder_records_its_initializers_and_has_no_kv_cache(mreg: Any, tmp_path: Path,
+                                                                      store_root: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("torch")
+    from support.tiny_models import build_tiny_bert
+
+    ok(mreg("convert", build_tiny_bert(tmp_path / "bert"), "--to", "onnx", "--name", "bert", "--json"))
+    manifest = ok(mreg("show", "bert@1", "--json"))["manifest"]
+    (art,) = manifest["artifacts"]
+    sizes = {f["path"]: f["size"] for f in art["files"]}
+    # The initializers are the external data file (the graph itself holds only small constants, if any).
+    assert 0.9 * sizes["model.onnx.data"] <= art["weights_bytes"] <= sizes["model.onnx.data"] + sizes["model.onnx"]
+    assert manifest["model"]["kv_cache"] is None
+    r = mreg("show", "bert@1", "--memory", "8", "--json")
+    assert r.exit_code == 3 and "no KV-cache figures" in r.json["error"]["message"]
