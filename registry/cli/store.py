@@ -167,6 +167,8 @@ def _quality(metrics: dict[str, float], budget: dict[str, float]) -> str:
         parts.append(f"top-1 {metrics['top1_agreement']:.2f}")
     if "perplexity_ratio" in metrics:
         parts.append(f"perplexity x{metrics['perplexity_ratio']:.3f}")
+    if "evaluation_tokens" in metrics:
+        parts.append(f"on {int(metrics['evaluation_tokens'])} tokens of the evaluation text")
     return ", ".join(parts)
 
 
