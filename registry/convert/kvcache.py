@@ -46,8 +46,9 @@ def _layer_kinds(text: dict[str, Any], layers: int, notes: list[str]) -> tuple[l
         if "chunked_attention" in kinds_in:
             window = _int(text, "attention_chunk_size") or window
             notes.append("chunked-attention layers counted as windows of attention_chunk_size tokens")
-    elif _int(text, "full_attention_interval"):
-        every = _int(text, "full_attention_interval") or 1
+    elif _int(text, "full_attention_interval") or "linear_num_value_heads" in text:
+        # Qwen3-Next / Qwen3.5: one full-attention layer every `full_attention_interval` (transformers' default 4)
+        every = _int(text, "full_attention_interval") or 4
         kinds = ["full" if (i + 1) % every == 0 else "none" for i in range(layers)]
     elif mtype.startswith("gemma2"):
         kinds = ["window" if i % 2 == 0 else "full" for i in range(layers)]

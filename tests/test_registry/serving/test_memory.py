@@ -172,3 +172,32 @@ def test_an_onnx_encoder_records_its_initializers_and_has_no_kv_cache(mreg: Any,
     assert manifest["model"]["kv_cache"] is None
     r = mreg("show", "bert@1", "--memory", "8", "--json")
     assert r.exit_code == 3 and "no KV-cache figures" in r.json["error"]["message"]
+
+
+@pytest.mark.parametrize(("cls", "arch"), [
+    ("Gemma2Config", "Gemma2ForCausalLM"), ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    ("Qwen3NextConfig", "Qwen3NextForCausalLM"), ("Qwen2Config", "Qwen2ForCausalLM"),
+    ("MistralConfig", "MistralForCausalLM"), ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
+])
+def test_family_rules_agree_with_transformers_own_configs(cls: str, arch: str) -> None:
+    """transformers' own config classes: the layer kinds it writes (`layer_types`) are what mreg counts, and the
+    family rules mreg falls back on for older configs (without `layer_types`) count the same."""
+    transformers = pytest.importorskip("transformers")
+    config_cls = getattr(transformers, cls, None)
+    if config_cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {cls}")
+    config = {**config_cls().to_dict(), "architectures": [arch]}
+    kv = kv_cache_of(config)
+    assert kv is not None
+    older = {k: v for k, v in config.items() if k != "layer_types"}
+    assert kv_cache_of(older) == kv
+    if cls == "Qwen3NextConfig":  # as the hub's config.json has it
+        assert kv_cache_of({**older, "full_attention_interval": 4}) == kv
+    kinds = config.get("layer_types")
+    if kinds:
+        assert kv.full_layers == kinds.count("full_attention")
+        assert kv.window_layers == kinds.count("sliding_attention")
+        assert kv.uncached_layers == len(kinds) - kv.full_layers - kv.window_layers
+    if cls == "DeepseekV3Config":
+        assert kv.attention == "mla" and kv.bytes_per_token["f16"] == config["num_hidden_layers"] * (
+            config["kv_lora_rank"] + config["qk_rope_head_dim"]) * 2
