@@ -131,6 +131,33 @@ class EngineRecord(BaseModel):
     builder_messages: tuple[str, ...] = ()
 
 
+class GGUFCandidate(_Record):
+    """One type `gguf:auto` considered: its planned size and, when it was converted and verified, its quality."""
+
+    type: str
+    #: The file's tensor data as planned (known for every candidate before any is written).
+    tensor_bytes: int = Field(ge=0)
+    #: The whole file's size, when it was written.
+    file_bytes: int | None = Field(default=None, ge=0)
+    tried: bool = False
+    #: Whether its measured figures meet the budget (None: not tried).
+    meets: bool | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class GGUFSelection(_Record):
+    """How `gguf:auto` chose the file's type: the budget, every candidate, the search and the chart."""
+
+    budget: dict[str, float]
+    chosen: str
+    #: `bisection`: candidates in planned-size order, halved by whether the middle one meets the budget.
+    search: str
+    tried: int = Field(ge=0)
+    candidates: tuple[GGUFCandidate, ...]
+    #: The trade-off as an SVG chart, relative to the artifact's directory.
+    chart: RelPath | None = None
+
+
 class GGUFRequirements(_Record):
     """What a GGUF file needs to load."""
 
@@ -139,6 +166,8 @@ class GGUFRequirements(_Record):
     quantization: str
     tensor_types: dict[str, int] = Field(default_factory=dict)
     fallbacks: dict[str, str] = Field(default_factory=dict)
+    #: Set when the type was chosen by budget (`--to gguf:auto`).
+    selection: GGUFSelection | None = None
 
 
 class Artifact(_Record):
@@ -153,6 +182,9 @@ class Artifact(_Record):
     duration_s: float = Field(ge=0)
     requirements: Annotated[TensorRTRequirements | GGUFRequirements, Field(discriminator="kind")] | None = None
     verification: Verification
+    #: Bytes of the weights an engine loads (GGUF: the file's tensor data; hf: the safetensors files; ONNX: the
+    #: initializers), for serving-memory planning without opening the files; None in older manifests.
+    weights_bytes: int | None = Field(default=None, ge=0)
 
 
 class Provenance(_Record):
@@ -165,6 +197,30 @@ class Provenance(_Record):
     python: str
 
 
+class KVCache(_Record):
+    """KV-cache bytes per token of a decoder, derived from its config (see registry.convert.kvcache).
+
+    A sequence of n tokens holds `bytes_per_token[dtype] * n + window_bytes_per_token[dtype] * min(n, window)`:
+    full-attention layers cache every token, sliding-window layers at most `sliding_window` of them.
+    """
+
+    #: Cache dtype (f16, q8_0, q4_0) -> bytes per token of the layers that cache every token.
+    bytes_per_token: dict[str, int]
+    #: The same for the sliding-window layers (empty when there are none).
+    window_bytes_per_token: dict[str, int] = Field(default_factory=dict)
+    sliding_window: int | None = Field(default=None, ge=1)
+    layers: int = Field(ge=0)
+    full_layers: int = Field(ge=0)
+    window_layers: int = 0
+    #: Layers with no per-token cache (linear attention, state-space): their fixed-size state is not counted.
+    uncached_layers: int = 0
+    kv_heads: int = Field(ge=0)
+    head_dim: int = Field(ge=0)
+    #: `mha` (K and V per KV head) or `mla` (one compressed latent plus the rope key per layer).
+    attention: Literal["mha", "mla"] = "mha"
+    notes: tuple[str, ...] = ()
+
+
 class ModelInfo(_Record):
     """What serving engines need to know of the model itself, read from the source's config at conversion."""
 
@@ -174,6 +230,8 @@ class ModelInfo(_Record):
     tokenizer: str | None = None
     tokenizer_files: tuple[str, ...] = ()
     chat_template: bool = False
+    #: For decoders whose config names their attention shape; None for encoders and older manifests.
+    kv_cache: KVCache | None = None
 
 
 class Manifest(_Record):

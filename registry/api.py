@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.oci.transfer import OciPushOutcome, OciSyncOutcome
     from registry.release.aliases import AliasChange
     from registry.release.hooks import HookedPromotion
+    from registry.serving.memory import MemoryPlan
     from registry.store.gc import GCPlan
     from registry.store.local import LocalStore
     from registry.store.protocol import Store, Version
@@ -263,6 +264,16 @@ def resolve(store: Store, ref: str, *, fmt: str = "hf", physical: bool = False) 
     if main != ".":
         path, version_path = f"{path}/{main}", f"{version_path}/{main}"
     return Resolved(v.name, v.number, fmt, path, version_path, r.ref if is_alias else None)
+
+
+def serving_memory(store: Store, ref: str, memory_gib: float, *, context: int | None = None,
+                   cache_type: str = "f16", utilization: float = 0.9, reserve_gib: float = 1.0) -> MemoryPlan:
+    """How many sequences of `context` tokens a version serves in `memory_gib` GiB, from its manifest alone."""
+    from registry.serving import memory
+
+    v = store.resolve(parse_ref(ref))
+    return memory.plan(v.manifest, memory_gib, context=context, cache_type=cache_type, utilization=utilization,
+                       reserve_gib=reserve_gib)
 
 
 def verify(store: Store, refs: Sequence[str] = (), *, all_versions: bool = False,

@@ -146,7 +146,7 @@ EXIT_CODES: dict[int, str] = {
     4: "integrity failure (a digest does not match, a symlink leads out of the store, a remote object disagrees "
        "with its key)",
     5: "conflict: lost a race with another writer, or --expect did not hold",
-    6: "refused by a promotion gate",
+    6: "refused by a promotion gate, or no gguf:auto candidate meets the budget",
     7: "not enough free space",
     8: "unsafe input refused (pickle weights, path-traversing file names)",
     9: "hub or remote store unreachable (and, for pulls, nothing usable in the cache)",

@@ -3,5 +3,6 @@
 `model` plans tensors from the config and the safetensors headers, `vocab` reads tokenizers,
 `mix` picks per-tensor types, `quants` encodes, `file` writes the container, `verify` checks the
 result (and `reference` is the streaming float32 forward pass it is compared with), `runtime`
-runs a file with llama.cpp for golden checks; `converter` ties them to the registry's protocol.
+runs a file with llama.cpp for golden checks; `evaluation` is the text quality is measured on, `auto`
+the choice of a type by budget and `chart` its SVG; `converter` ties them to the registry's protocol.
 """

@@ -1,15 +1,20 @@
 """The format `gguf`: one GGUF file per version, from safetensors, for llama.cpp, Ollama and llama-cpp-python.
 
-`--to gguf:Q4_K_M` picks the file type. The conversion plans everything from config.json, the
-tokenizer files and the safetensors headers first (an unsupported model fails before any output),
-then streams: rows of one tensor at a time are read from the shards (pread), encoded on every
-core, written in order and hashed on the way. The file is then re-opened with gguf's reader and,
-when llama-cpp-python is installed, loaded by llama.cpp (see `converters.gguf.verify`).
+`--to gguf:Q4_K_M` picks the file type; `--to gguf:auto` the smallest one that meets a quality budget
+(`converters.gguf.auto`). The spec takes options after commas: `evaluation=default|FILE` and
+`tokens=N` (the text quality is measured on, `converters.gguf.evaluation`) and, for auto, a budget
+(`kl=0.02`, `kl99=`, `top1=`, `ppl=`, the keys of `--require gguf:…`). The conversion plans
+everything from config.json, the tokenizer files and the safetensors headers first (an
+unsupported model fails before any output), then streams: rows of one tensor at a time are read
+from the shards (pread), encoded on every core, written in order and hashed on the way. The file
+is then re-opened with gguf's reader and, when llama-cpp-python is installed, loaded by llama.cpp
+(see `converters.gguf.verify`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import tempfile
@@ -23,13 +28,14 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from converters.gguf import quality
+from converters.gguf import auto, quality
+from converters.gguf import evaluation as texts
 from converters.gguf.file import HashingWriter, header
 from converters.gguf.mix import FILE_TYPES
 from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan, check_architecture
 from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, plans
 from converters.gguf.quants import Floats, backend, nonfinite, quantize
-from manifests import Artifact, GGUFRequirements, Manifest, Verification
+from manifests import Artifact, GGUFRequirements, GGUFSelection, Manifest, Verification
 from registry.convert.configs import check_configs
 from registry.convert.protocol import (
     ConversionRequest,
@@ -45,6 +51,8 @@ from registry.convert.protocol import (
 from registry.errors import UsageError
 from registry.progress import NoProgress, Progress
 
+#: The chart of gguf:auto's trade-off, in the artifact's directory.
+AUTO_CHART = "auto.svg"
 #: Elements encoded per work item: small enough to keep memory flat, large enough to amortize numpy calls.
 CHUNK_ELEMENTS = 1 << 20
 
@@ -198,15 +206,47 @@ class GGUFConverter(ConverterBase):
     name: ClassVar[str] = "mreg.gguf"
     #: Part of the conversion key: raised when what a conversion checks changes, so older results are made again.
     #: 2: NaN/Inf in the source, as written and in the logits fail; config sizes planned against the headers.
-    version: ClassVar[str] = "2"
+    #: 3: the weights' bytes are recorded (serving-memory plans).
+    version: ClassVar[str] = "3"
 
     def options(self, raw: RawOptions) -> Options:
-        """`{"spec": "Q4_K_M"}` -> `{"type": "Q4_K_M"}`; F16 when no type is given."""
-        spec = (spec_of("gguf", raw, hint="use --to gguf:Q4_K_M") or DEFAULT_TYPE).upper()
-        if spec not in FILE_TYPES:
-            raise UsageError(f"unknown GGUF type {raw.get('spec')!r}",
-                             hint=f"valid types: {', '.join(FILE_TYPES)}")
-        return {"type": spec}
+        """`{"spec": "Q4_K_M"}` -> `{"type": "Q4_K_M"}` (F16 when no type is given); `auto,kl=0.02` -> the type,
+        the budget and the candidates; `evaluation=` / `tokens=` -> the evaluation text, hashed."""
+        spec = spec_of("gguf", raw, hint="use --to gguf:Q4_K_M") or DEFAULT_TYPE
+        head, *rest = [part.strip() for part in spec.split(",")]
+        qtype = head.upper()
+        budget: list[str] = []
+        text: str | None = None
+        tokens: str | None = None
+        for part in rest:
+            key, _, value = part.partition("=")
+            if key == "evaluation" and value:
+                text = value
+            elif key == "tokens":
+                tokens = value
+            elif key in quality.KEYS:
+                budget.append(part)
+            else:
+                raise UsageError(f"--to gguf:{spec}: cannot read {part!r}",
+                                 hint="options are evaluation=default|FILE, tokens=N and, with auto, a budget "
+                                      "(kl=0.02, kl99=0.2, top1=0.9, ppl=1.02)")
+        if qtype == "AUTO":
+            try:
+                wanted = quality.parse("gguf:" + ",".join(budget)) if budget else dict(auto.DEFAULT_BUDGET)
+            except UsageError as e:
+                raise UsageError(f"--budget {','.join(budget)}: {str(e).split(': ', 1)[-1]}",
+                                 hint="e.g. --budget kl=0.02 or --budget ppl=1.02,top1=0.9") from None
+            return {"type": "auto", "budget": wanted, "candidates": list(auto.CANDIDATES),
+                    "evaluation": texts.option(text or "default", tokens)}
+        if qtype not in FILE_TYPES:
+            raise UsageError(f"unknown GGUF type {head!r}", hint=f"valid types: {', '.join(FILE_TYPES)}, auto")
+        if budget:
+            raise UsageError(f"a budget ({', '.join(budget)}) chooses a type: it goes with gguf:auto, not {qtype}",
+                             hint=f"use --to gguf:auto --budget {','.join(budget)}, or drop the budget")
+        out: Options = {"type": qtype}
+        if text is not None or tokens is not None:
+            out["evaluation"] = texts.option(text or "default", tokens)
+        return out
 
     def check_config(self, config: dict[str, Any]) -> None:
         """An architecture llama.cpp's converter and mreg's reference both know, before any download."""
@@ -235,9 +275,15 @@ class GGUFConverter(ConverterBase):
     def convert_many(self, requests: Sequence[ConversionRequest]) -> list[ConversionResult]:
         """Several types of one source (same work directory) from one read of its tensors."""
         first = requests[0]
+        if len(requests) > 1 and any(r.options["type"] == "auto" for r in requests):
+            raise UsageError("gguf:auto goes alone: its choice could be one of the other types asked for",
+                             hint="convert gguf:auto in a command of its own (a version of its own)")
         # In the staging tree (the store's filesystem): a killed run leaves nothing outside the store; gc sweeps it.
         with tempfile.TemporaryDirectory(prefix=".gguf-src-", dir=first.workdir.parent) as tmp:
-            return self._convert(requests, first.link_source(Path(tmp)))
+            directory = first.link_source(Path(tmp))
+            if first.options["type"] == "auto":
+                return [self._auto(first, directory)]
+            return self._convert(requests, directory)
 
     def _convert(self, requests: Sequence[ConversionRequest], directory: Path) -> list[ConversionResult]:
         from converters.gguf import verify as gguf_verify
@@ -264,15 +310,88 @@ class GGUFConverter(ConverterBase):
         results = []
         # Several types of one source share the reference forward pass: the first file's check saves it.
         cache = directory / ".mreg-reference.npz" if len(planned) > 1 else None
-        for p, dest, (digest, encoded) in zip(planned, dests, written, strict=True):
+        for r, p, dest, (digest, encoded) in zip(requests, planned, dests, written, strict=True):
             t1 = time.monotonic()
-            verification = gguf_verify.verify(dest, p, encoded, directory, first.source, cache)
+            verification = gguf_verify.verify(dest, p, encoded, directory, first.source, cache,
+                                              r.options.get("evaluation"))
             metrics = {**verification.metrics, "write_seconds": round(write_s, 3),
                        "verify_seconds": round(time.monotonic() - t1, 3)}
             if len(planned) > 1:
                 metrics["files_written_together"] = float(len(planned))
             results.append(self._result(p, dest, digest, encoded, verification.model_copy(update={"metrics": metrics})))
         return results
+
+    def _auto(self, request: ConversionRequest, directory: Path) -> ConversionResult:
+        """Plan every candidate, bisect them in size order (each tried one written and verified), keep the chosen."""
+        import importlib.util
+
+        from converters.gguf import chart
+        from converters.gguf import verify as gguf_verify
+
+        opts = request.options
+        budget: dict[str, float] = dict(opts["budget"])
+        check_configs({f.path: request.source_files(f.path) for f in request.source.files})
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise UsageError("gguf:auto measures every candidate it tries with llama.cpp, which is not installed",
+                             hint="pip install 'mreg[gguf]', or convert a named type (--to gguf:Q4_K_M)")
+        shards = sorted(p for p in directory.rglob("*.safetensors"))
+        base = request.name or request.source.repo.rstrip("/").split("/")[-1] or "model"
+        types = list(opts["candidates"])
+        planned = plans(directory, shards, types, base)
+        sizes = [sum(i.nbytes for i in p.infos) for p in planned]
+        order = auto.size_order(sizes)
+        cache = directory / ".mreg-reference.npz"  # the reference forward pass, once for every candidate
+        measured: dict[int, tuple[dict[str, float], int]] = {}
+        kept: list[tuple[int, Path, str, list[EncodedTensor], Verification]] = []
+        seconds = {"write_seconds": 0.0, "verify_seconds": 0.0}
+
+        def meets(pos: int) -> bool:
+            i = order[pos]
+            p = planned[i]
+            dest = request.workdir / f"{base}-{p.file_type}.gguf"
+            reader = SafetensorsReader()
+            request.progress.start(f"gguf:auto {dest.name} ({len(measured) + 1} tried)", sizes[i])
+            t0 = time.monotonic()
+            try:
+                ((digest, encoded),) = write([p], [dest], reader, max(1, os.cpu_count() or 1), request.progress)
+            finally:
+                reader.close()
+                request.progress.done()
+            t1 = time.monotonic()
+            v = gguf_verify.verify(dest, p, encoded, directory, request.source, cache, opts["evaluation"])
+            seconds["write_seconds"] += t1 - t0
+            seconds["verify_seconds"] += time.monotonic() - t1
+            if v.status == "failed":  # an integrity failure: the registry refuses the conversion with it
+                raise _CandidateFailed(self._result(p, dest, digest, encoded, v))
+            auto.check_measured(p.file_type, v.metrics, budget, v.detail)
+            measured[i] = (v.metrics, dest.stat().st_size)
+            if quality.misses(v.metrics, budget):
+                dest.unlink()
+                return False
+            for _, older, *_ in kept:  # a larger file that met the budget: this one is smaller
+                older.unlink()
+            kept[:] = [(i, dest, digest, encoded, v)]
+            return True
+
+        try:
+            found, tried = auto.bisect(len(order), meets)
+        except _CandidateFailed as failed:
+            return failed.result
+        records = [auto.candidate(t, sizes[i], measured[i][1] if i in measured else None,
+                                  measured[i][0] if i in measured else None, budget) for i, t in enumerate(types)]
+        if found is None:
+            raise auto.none_meets(records, budget)
+        i, dest, digest, encoded, v = kept[0]
+        (request.workdir / AUTO_CHART).write_text(
+            chart.render(records, budget, types[i], f"{base}: gguf:auto chose {types[i]}"), encoding="utf-8")
+        metrics = {**v.metrics, **{k: round(x, 3) for k, x in seconds.items()},
+                   "auto_candidates": float(len(types)), "auto_tried": float(len(tried))}
+        result = self._result(planned[i], dest, digest, encoded,
+                              v.model_copy(update={"metrics": metrics, "budget": budget}))
+        selection = GGUFSelection(budget=budget, chosen=types[i], search=auto.SEARCH, tried=len(tried),
+                                  candidates=tuple(records), chart=AUTO_CHART)
+        assert isinstance(result.requirements, GGUFRequirements)
+        return dataclasses.replace(result, requirements=result.requirements.model_copy(update={"selection": selection}))
 
     @staticmethod
     def _result(p: GGUFPlan, dest: Path, digest: str, encoded: list[EncodedTensor],
@@ -291,6 +410,7 @@ class GGUFConverter(ConverterBase):
             known_digests={dest.name: digest},
             requirements=requirements,
             tool_versions={"gguf-encoders": "+".join(encoders)},
+            weights_bytes=sum(i.nbytes for i in p.infos),
         )
 
     def mount_file(self, artifact: Artifact) -> str:
@@ -302,6 +422,14 @@ class GGUFConverter(ConverterBase):
         from converters.gguf.runtime import open_session
 
         return open_session(artifact_dir, artifact, manifest)
+
+
+class _CandidateFailed(Exception):
+    """A candidate of gguf:auto failed its integrity checks: the search stops with its result."""
+
+    def __init__(self, result: ConversionResult) -> None:
+        super().__init__(result.verification.detail)
+        self.result = result
 
 
 #: What `registry.convert.formats` loads; the annotation has mypy check the class against the protocol.

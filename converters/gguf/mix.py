@@ -18,7 +18,8 @@ from converters.gguf.quants.blocks import BLOCK
 FILE_TYPES: dict[str, tuple[str, int]] = {
     "F32": ("F32", 0), "F16": ("F16", 1), "BF16": ("BF16", 32), "Q8_0": ("Q8_0", 7),
     "Q4_0": ("Q4_0", 2), "Q4_1": ("Q4_1", 3), "Q5_0": ("Q5_0", 8), "Q5_1": ("Q5_1", 9),
-    "Q2_K": ("Q2_K", 10), "Q3_K_M": ("Q3_K", 12), "Q4_K_S": ("Q4_K", 14), "Q4_K_M": ("Q4_K", 15),
+    "Q2_K": ("Q2_K", 10), "Q3_K_S": ("Q3_K", 11), "Q3_K_M": ("Q3_K", 12), "Q4_K_S": ("Q4_K", 14),
+    "Q4_K_M": ("Q4_K", 15),
     "Q5_K_S": ("Q5_K", 16), "Q5_K_M": ("Q5_K", 17), "Q6_K": ("Q6_K", 18),
 }
 
@@ -117,7 +118,7 @@ def _mixed(ftype: str, base: str, name: str, ncols: int, p: MixParams, tied: boo
         return base
     if "attn_output.weight" in name:
         if p.n_expert == 8:
-            return "Q5_K" if ftype in ("Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M") else base
+            return "Q5_K" if ftype in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M") else base
         return {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K"}.get(ftype, base)
     return base
 

@@ -42,6 +42,16 @@ def parse(requirement: str) -> dict[str, float] | None:
     return out
 
 
+def misses(metrics: dict[str, float], budget: dict[str, float]) -> list[str]:
+    """The budget's metrics that the figures miss (absent or NaN ones too)."""
+    out = []
+    for metric, bound in budget.items():
+        value = metrics.get(metric)
+        if value is None or not (value <= bound if _UPPER.get(metric, True) else value >= bound):
+            out.append(metric)
+    return out
+
+
 def gate_problems(artifact: Artifact | None, requirement: str) -> list[str]:
     """Why a GGUF artifact fails the requirement (empty when it meets it)."""
     wanted = parse(requirement)

@@ -7,7 +7,8 @@
    the same ids as the Hugging Face tokenizer (`tokenizers`, or `sentencepiece` for a
    tokenizer.model), and its logits on a fixed prompt are compared with mreg's streaming float32
    forward pass of the safetensors source (`converters.gguf.reference`, tested equal to
-   transformers; its memory stays flat whatever the model size): for F32, F16 and BF16 an integrity
+   transformers; its memory stays flat whatever the model size), or on the first tokens of an evaluation text
+   (`--evaluation`, see `converters.gguf.evaluation`): for F32, F16 and BF16 an integrity
    bound (max difference, KL divergence); for the quantized types KL divergence and top-1 agreement
    are quality, recorded against a budget (`budget`) and never failing the conversion.
 Any integrity failure fails the conversion; a check that cannot run (no runtime) says so in `method`.
@@ -48,7 +49,7 @@ LOGITS_KL = {"F32": 1e-4, "F16": 1e-3, "BF16": 2e-3}
 #: own measurements: Q8_0 about 1e-3, Q4_K_M a few 1e-2). `promote --require gguf:quality` enforces them;
 #: `--require gguf:kl=0.02` a budget of one's own. The file's integrity is its tensors' encoding error (below).
 KL_BUDGET = {"Q8_0": 5e-3, "Q6_K": 0.02, "Q5_K_M": 0.04, "Q5_K_S": 0.04, "Q5_0": 0.05, "Q5_1": 0.05, "Q4_K_M": 0.1,
-             "Q4_K_S": 0.1, "Q4_0": 0.15, "Q4_1": 0.15, "Q3_K_M": 0.3, "Q2_K": 1.0}
+             "Q4_K_S": 0.1, "Q4_0": 0.15, "Q4_1": 0.15, "Q3_K_M": 0.3, "Q3_K_S": 0.4, "Q2_K": 1.0}
 TEST_STRINGS = (
     "Hello world! How are you today?",
     "The quick brown fox jumps over the lazy dog.",
@@ -156,7 +157,8 @@ def _hf_tokenize(directory: Path) -> Any:
     return None
 
 
-def start_runtime(path: Path, file_type: str, directory: Path, cache: Path | None) -> subprocess.Popen[str] | str:
+def start_runtime(path: Path, file_type: str, directory: Path, cache: Path | None,
+                  evaluation: tuple[Path, int] | None = None) -> subprocess.Popen[str] | str:
     """Start llama.cpp on the file in a child process (its memory and any crash stay there), or say why not.
 
     The child runs while the parent re-reads the file with gguf's reader: two cores, two checks.
@@ -168,6 +170,8 @@ def start_runtime(path: Path, file_type: str, directory: Path, cache: Path | Non
         return "llama.cpp runtime not installed (pip install 'mreg[gguf]'): not loaded"
     cmd = [sys.executable, "-m", "converters.gguf.verify", str(path), str(directory), file_type,
            str(cache) if cache is not None else ""]
+    if evaluation is not None:
+        cmd += [str(evaluation[0]), str(evaluation[1])]
     root = Path(__file__).resolve().parents[2]
     # The reference forward pass runs its own thread pool: OpenBLAS threads on top of it are many times slower.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
@@ -189,11 +193,13 @@ def finish_runtime(child: subprocess.Popen[str] | str) -> tuple[list[str], dict[
     return doc["problems"], doc["metrics"], doc["notes"]
 
 
-def run_runtime(path: Path, directory: Path, file_type: str, cache: str) -> dict[str, Any]:
+def run_runtime(path: Path, directory: Path, file_type: str, cache: str, evaluation: str = "",
+                cap: int = 0) -> dict[str, Any]:
     """The child process's work: load with llama.cpp, compare tokenization and logits with the reference.
 
     The reference runs after llama.cpp has let go of the file. With `cache` (an .npz path), several
     files of one source compute it once: the first saves ids and logits there, the others read them.
+    With `evaluation` (a text file), its first `cap` tokens are evaluated instead of the fixed prompt.
     Kept in one piece (70 lines): it is the whole life of a child process, its steps sharing one loaded model.
     """
     import time
@@ -204,7 +210,8 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str) -> dict
     metrics: dict[str, float] = {}
     notes: list[str] = []
     hf = _hf_tokenize(directory)
-    llm = load(path, n_ctx=256, n_batch=256, logits_all=True, n_threads=max(1, os.cpu_count() or 1), seed=0)
+    n_ctx = max(256, cap) if evaluation else 256
+    llm = load(path, n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, n_threads=max(1, os.cpu_count() or 1), seed=0)
     metrics["llama_cpp_loaded"] = 1.0
     if hf is None:
         notes.append("no tokenizer library (tokenizers/sentencepiece): tokenization not compared")
@@ -213,7 +220,11 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str) -> dict
         metrics["tokenization_strings"] = float(len(TEST_STRINGS))
         metrics["tokenization_mismatches"] = float(len(mismatched))
         problems += [f"llama.cpp tokenizes {s!r} differently from the HF tokenizer" for s in mismatched]
-    ids = hf(PROMPT) if hf is not None else llm.tokenize(PROMPT.encode(), add_bos=True, special=False)
+    text = Path(evaluation).read_text(encoding="utf-8") if evaluation else PROMPT
+    ids = hf(text) if hf is not None else llm.tokenize(text.encode(), add_bos=True, special=False)
+    if evaluation:
+        ids = list(ids)[:cap]
+        metrics["evaluation_tokens"] = float(len(ids))
     llm.eval(ids)
     got = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
     llm.close()
@@ -306,9 +317,17 @@ def nonfinite_problems(plan: GGUFPlan, encoded: Sequence[EncodedTensor], limit: 
 
 
 def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directory: Path,
-           source: SourceInfo, reference_cache: Path | None = None) -> Verification:
-    """Run every check that can run here and return the verification record."""
-    child = start_runtime(path, plan.file_type, directory, reference_cache)
+           source: SourceInfo, reference_cache: Path | None = None,
+           evaluation: dict[str, Any] | None = None) -> Verification:
+    """Run every check that can run here and return the verification record (`evaluation`: the normalized
+    `--evaluation` option; None: the fixed prompt)."""
+    from converters.gguf import evaluation as texts
+
+    text = None
+    if evaluation is not None:
+        context = next((int(v) for k, v in plan.model.metadata if k.endswith(".context_length")), None)
+        text = (texts.path_of(evaluation), min(int(evaluation["max_tokens"]), context or texts.MAX_TOKENS))
+    child = start_runtime(path, plan.file_type, directory, reference_cache, text)
     try:
         problems = check_file(path, plan, encoded)
     except BaseException:
@@ -353,7 +372,8 @@ def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directo
         status="failed" if problems else "passed",
         method=method,
         reference=f"{source.repo}@{source.commit}",
-        inputs=(*TEST_STRINGS, PROMPT),
+        inputs=(*TEST_STRINGS, PROMPT if evaluation is None else texts.describe(
+            evaluation, int(metrics["evaluation_tokens"]) if "evaluation_tokens" in metrics else None)),
         metrics=metrics,
         tolerance=tolerance,
         budget=budget,
@@ -365,4 +385,5 @@ if __name__ == "__main__":
     import json
     import sys
 
-    print(json.dumps(run_runtime(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4])))
+    extra = (sys.argv[5], int(sys.argv[6])) if len(sys.argv) > 6 else ("", 0)
+    print(json.dumps(run_runtime(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], *extra)))

@@ -25,7 +25,8 @@ class HFConverter(ConverterBase):
     name: ClassVar[str] = "mreg.hf"
     #: Part of the conversion key: raised when what a conversion checks changes, so older results are made again.
     #: 2: every float tensor read for NaN/Inf; safetensors headers and JSON configs must parse.
-    version: ClassVar[str] = "2"
+    #: 3: the weights' bytes are recorded (serving-memory plans).
+    version: ClassVar[str] = "3"
 
     def options(self, raw: RawOptions) -> Options:
         """The identity format takes no options."""
@@ -72,6 +73,8 @@ class HFConverter(ConverterBase):
                 detail="; ".join(problems) or None,
             ),
             known_digests=known,
+            # The safetensors files as they are (headers included: a few KiB), which is what an engine maps.
+            weights_bytes=sum(f.size for f in request.source.files if f.path.endswith(".safetensors")),
         )
 
     def open_session(self, artifact_dir: Path, artifact: Artifact, manifest: Manifest) -> Session:

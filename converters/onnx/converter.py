@@ -232,7 +232,8 @@ class ONNXConverter(ConverterBase):
         graph = files.describe(request.workdir / files.MODEL_FILE)
         extra = {"onnx.ir_version": str(graph["ir_version"]),
                  "onnx.opsets": ",".join(f"{d}={v}" for d, v in sorted(graph["opsets"].items()))}
-        return ConversionResult(verification=verification, known_digests=known, tool_versions=extra)
+        return ConversionResult(verification=verification, known_digests=known, tool_versions=extra,
+                                weights_bytes=int(graph["initializer_bytes"]))
 
     def mount_file(self, artifact: Artifact) -> str:
         """model.onnx (its external data file sits beside it)."""

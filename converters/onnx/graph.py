@@ -126,8 +126,11 @@ def nan_initializers(directory: Path) -> dict[str, int]:
 
 
 def describe(path: Path) -> dict[str, Any]:
-    """Opset, IR version, domains and I/O (names, element types, dims) of a saved graph, without its weights."""
+    """Opset, IR version, domains, I/O (names, element types, dims) and initializer bytes of a saved graph, without
+    its weights."""
+    import numpy as np
     import onnx
+    from onnx import numpy_helper
 
     proto = onnx.load_model(path, load_external_data=False)
 
@@ -136,7 +139,17 @@ def describe(path: Path) -> dict[str, Any]:
                          "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]}
                 for v in values}
 
+    def nbytes(t: Any) -> int:
+        length = next((e.value for e in t.external_data if e.key == "length"), None)
+        if length is not None:
+            return int(length)
+        if t.data_location == onnx.TensorProto.EXTERNAL or t.raw_data:  # external without a length: from the dims
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+            return len(t.raw_data) or int(np.prod(t.dims, dtype=np.int64)) * itemsize
+        return int(numpy_helper.to_array(t).nbytes)
+
     return {
+        "initializer_bytes": sum(nbytes(t) for t in proto.graph.initializer),
         "ir_version": proto.ir_version,
         "opsets": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
         "inputs": io(proto.graph.input),

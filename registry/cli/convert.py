@@ -28,11 +28,24 @@ def _tensorrt_tokens(backend: str | None, target: str | None, shapes: str | None
         f"precision={precision}" if precision else "") if t]
 
 
+def _gguf_tokens(budget: str | None, evaluation: str | None, eval_tokens: int | None) -> list[str]:
+    """--budget/--evaluation/--eval-tokens as `--to gguf:` spec tokens (a comma would split a path: refused)."""
+    from registry.errors import UsageError
+
+    if evaluation and "," in evaluation:
+        raise UsageError(f"--evaluation {evaluation}: a path with a comma cannot be given",
+                         hint="rename or link the file to a path without commas")
+    return [t for t in (
+        *(x.strip() for x in (budget or "").split(",") if x.strip()),
+        f"evaluation={evaluation}" if evaluation else "",
+        f"tokens={eval_tokens}" if eval_tokens is not None else "") if t]
+
+
 @click.command("convert")
 @click.argument("source", metavar="REPO[@REVISION] | ./DIR | NAME@REF | oci://HOST/REPO:TAG | oci-layout:DIR | "
                                   "oci-archive:FILE.tar")
 @click.option("--to", "targets", multiple=True, required=True, metavar="FORMAT[:SPEC]",
-              help="Target format (repeatable): hf, gguf:TYPE (F16, Q8_0, Q4_K_M, …), onnx[:fp16,int8,optimize,"
+              help="Target format (repeatable): hf, gguf:TYPE (F16, Q8_0, Q4_K_M, …, auto), onnx[:fp16,int8,optimize,"
                    "with-past], tensorrt[:target=sm_86+sm_89,…].")
 @click.option("--name", help="Model name in the store (default for NAME@REF sources: the same model).")
 @click.option("--copy", is_flag=True,
@@ -41,13 +54,19 @@ def _tensorrt_tokens(backend: str | None, target: str | None, shapes: str | None
 @click.option("--target", "trt_target", metavar="sm_86,sm_89", help="TensorRT: compute capabilities, one engine each.")
 @click.option("--shapes", metavar="NAME=MIN:OPT:MAX,...", help="TensorRT: profiles, e.g. input_ids=1x1:1x128:8x2048.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), help="TensorRT: engine precision.")
+@click.option("--budget", metavar="kl=0.02[,ppl=1.02,top1=0.9,kl99=0.2]",
+              help="gguf:auto: the quality the chosen type must meet on the evaluation text (default kl=0.02).")
+@click.option("--evaluation", metavar="FILE|default",
+              help="GGUF: measure quality on this text (default for gguf:auto: the shipped one) instead of a prompt.")
+@click.option("--eval-tokens", type=int, metavar="N", help="GGUF: evaluate the text's first N tokens (default 1024).")
 @config_option
 @cache_option
 @store_option
 @pull_options
 @json_option
 def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: bool, backend: str | None,
-                trt_target: str | None, shapes: str | None, precision: str | None, config_path: str | None,
+                trt_target: str | None, shapes: str | None, precision: str | None, budget: str | None,
+                evaluation: str | None, eval_tokens: int | None, config_path: str | None,
                 cache_dir: str | None, store: str | None, include: tuple[str, ...], exclude: tuple[str, ...],
                 allow_pickle: bool, offline: bool, endpoint: str | None, insecure: bool, as_json: bool) -> None:
     """Convert a source (pulled into the cache first if needed) into a new, verified version.
@@ -62,6 +81,8 @@ def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: b
     parsed = with_spec_flags([parse_target(t) for t in targets], "tensorrt",
                              _tensorrt_tokens(backend, trt_target, shapes, precision),
                              "--backend, --target, --shapes and --precision")
+    parsed = with_spec_flags(parsed, "gguf", _gguf_tokens(budget, evaluation, eval_tokens),
+                             "--budget, --evaluation and --eval-tokens")
     api.check_targets(parsed)  # bad targets or options are refused before any download
     settings = settings_for(config_path, cache_dir, store)
     st = local_store(settings)

@@ -11,11 +11,12 @@ from registry.cli.group import ReportedFailure
 from registry.cli.options import any_store, config_option, json_option, progress_for, settings_for, store_option
 from registry.cli.render import Output, table
 from registry.cli.sign import result_doc, result_line, shown_signatures
-from registry.errors import IntegrityError, ModelNotFound, NotFound
+from registry.errors import IntegrityError, ModelNotFound, NotFound, UsageError
 from registry.refs import check_name, parse_ref
 from registry.units import human_size
 
 if TYPE_CHECKING:
+    from manifests import Artifact
     from registry.store.signatures import SignatureResult
     from registry.store.verify import VerifyReport
 
@@ -62,11 +63,29 @@ def list_cmd(name: str | None, config_path: str | None, store: str | None, as_js
 
 @click.command("show")
 @click.argument("ref", metavar="NAME[@REF]")
+@click.option("--memory", "memory_gib", type=float, metavar="GiB",
+              help="Also answer what fits in this much device memory: concurrent sequences, one sequence's "
+                   "largest context, and the vLLM / llama.cpp settings that say so.")
+@click.option("--context", type=int, metavar="N",
+              help="With --memory: tokens per sequence (default: the model's max context, capped at 32768).")
+@click.option("--cache-type", type=click.Choice(["f16", "q8_0", "q4_0"]), default="f16", show_default=True,
+              help="With --memory: the KV cache's element type.")
+@click.option("--utilization", type=float, default=0.9, show_default=True,
+              help="With --memory: the share of the device the engine may take (vLLM's --gpu-memory-utilization).")
+@click.option("--reserve", "reserve_gib", type=float, default=1.0, show_default=True, metavar="GiB",
+              help="With --memory: held back inside that share for activations and CUDA graphs.")
 @config_option
 @store_option
 @json_option
-def show_cmd(ref: str, config_path: str | None, store: str | None, as_json: bool) -> None:
-    """Show a version's manifest (REF: number, alias, `latest`, or manifest digest prefix)."""
+def show_cmd(ref: str, memory_gib: float | None, context: int | None, cache_type: str, utilization: float,
+             reserve_gib: float, config_path: str | None, store: str | None, as_json: bool) -> None:
+    """Show a version's manifest (REF: number, alias, `latest`, or manifest digest prefix).
+
+    With --memory GiB, also what it costs to serve: from the manifest alone (weights' bytes per
+    artifact, KV-cache bytes per token), how many sequences of --context tokens fit beside the
+    weights in memory × utilization − reserve, and the engine settings for that.
+    """
+    from registry.cli.memory import memory_doc, memory_lines
     from registry.store.protocol import manifest_json
 
     settings = settings_for(config_path, store=store)
@@ -78,6 +97,13 @@ def show_cmd(ref: str, config_path: str | None, store: str | None, as_json: bool
     doc = {"name": v.name, "version": v.number, "path": v.path, "manifest_sha256": v.manifest_sha256,
            "aliases": aliases, "signatures": sig_docs, "manifest": manifest_json(v.manifest)}
     m = v.manifest
+    serving = None
+    if memory_gib is not None:
+        serving = api.serving_memory(st, f"{v.name}@{v.number}", memory_gib, context=context, cache_type=cache_type,
+                                     utilization=utilization, reserve_gib=reserve_gib)
+        doc["serving"] = memory_doc(serving, v.path, m)
+    elif context is not None:
+        raise UsageError("--context goes with --memory", hint="add --memory GiB, e.g. --memory 80")
 
     def human() -> str:
         lines = [f"{v.name}@{v.number}  {', '.join(aliases)}".rstrip(),
@@ -93,11 +119,38 @@ def show_cmd(ref: str, config_path: str | None, store: str | None, as_json: bool
             quality = _quality(a.verification.metrics, a.verification.budget)
             if quality:
                 lines.append(f"  {'':<9} quality: {quality}")
+            if a.weights_bytes is not None:
+                lines.append(f"  {'':<9} weights {human_size(a.weights_bytes)}")
+            lines += [f"  {'':<9} {line}" for line in _selection(a, v.path)]
+        if m.model is not None and m.model.kv_cache is not None:
+            kv = m.model.kv_cache
+            per = ", ".join(f"{t} {human_size(n)}" for t, n in kv.bytes_per_token.items())
+            window = ""
+            if kv.window_bytes_per_token:
+                window = f"; window layers ({kv.sliding_window} tokens): " + ", ".join(
+                    f"{t} {human_size(n)}" for t, n in kv.window_bytes_per_token.items())
+            lines.append(f"  kv cache  per token: {per}{window}")
+        if serving is not None:
+            lines += memory_lines(serving, v.path, m)
         lines.append(f"  signatures {len(sig_docs) or 'none'}")
         lines += [f"    {line}" for line in sig_lines]
         return "\n".join(lines)
 
     Output(as_json).result(doc, human)
+
+
+def _selection(a: Artifact, path: str) -> list[str]:
+    """How `gguf:auto` chose the type, and where its chart is (nothing for a type given by name)."""
+    req = a.requirements
+    sel = getattr(req, "selection", None)
+    if sel is None:
+        return []
+    budget = ", ".join(f"{k} {'>=' if k == 'top1_agreement' else '<='} {b:g}" for k, b in sel.budget.items())
+    lines = [f"auto: {sel.chosen}, the smallest of {len(sel.candidates)} candidates meeting {budget} "
+             f"({sel.tried} tried, {sel.search})"]
+    if sel.chart:
+        lines.append(f"chart: {path}/{a.path}/{sel.chart}")
+    return lines
 
 
 def _quality(metrics: dict[str, float], budget: dict[str, float]) -> str:
@@ -114,6 +167,8 @@ def _quality(metrics: dict[str, float], budget: dict[str, float]) -> str:
         parts.append(f"top-1 {metrics['top1_agreement']:.2f}")
     if "perplexity_ratio" in metrics:
         parts.append(f"perplexity x{metrics['perplexity_ratio']:.3f}")
+    if "evaluation_tokens" in metrics:
+        parts.append(f"on {int(metrics['evaluation_tokens'])} tokens of the evaluation text")
     return ", ".join(parts)
 
 

@@ -138,6 +138,7 @@ def _run_group(staging: Staging, snapshot: Snapshot, name: str, group: list[Plan
             duration_s=round(time.monotonic() - t0, 6),
             requirements=result.requirements,
             verification=result.verification,
+            weights_bytes=result.weights_bytes,
         ))
     return made
 

@@ -1,4 +1,5 @@
-"""What a model says about itself (architecture, context length, tokenizer), read from its source config."""
+"""What a model says about itself (architecture, context length, tokenizer, KV-cache bytes per token), read from
+its source config."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from manifests import ModelInfo, SourceInfo
+from registry.convert.kvcache import kv_cache_of
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json", "merges.txt",
@@ -35,6 +37,7 @@ def read_model_info(source: SourceInfo, file: Callable[[str], Path]) -> ModelInf
         tokenizer=tok.get("tokenizer_class") if isinstance(tok.get("tokenizer_class"), str) else None,
         tokenizer_files=tuple(sorted(p for p in paths if p in TOKENIZER_FILES)),
         chat_template=bool(tok.get("chat_template")) or "chat_template.jinja" in paths,
+        kv_cache=kv_cache_of(config),
     )
 
 

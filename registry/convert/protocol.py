@@ -62,6 +62,8 @@ class ConversionResult:
     known_digests: dict[str, str] = field(default_factory=dict)
     requirements: TensorRTRequirements | GGUFRequirements | None = None
     tool_versions: dict[str, str] = field(default_factory=dict)
+    #: Bytes of the weights an engine loads (recorded as the artifact's `weights_bytes`); None: not known.
+    weights_bytes: int | None = None
 
 
 #: A converter's normalized options: JSON values, part of the conversion key and of the manifest.

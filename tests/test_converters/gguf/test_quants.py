@@ -169,7 +169,7 @@ def test_model_is_byte_identical_to_llama_quantize(file_type: str, model: str, t
     assert not differ, f"tensor bytes differ from llama.cpp's: {differ[:5]}"
 
 
-@pytest.mark.parametrize("file_type", ["Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_M"])
+@pytest.mark.parametrize("file_type", ["Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_M"])
 def test_mix_choices_match_llama_quantize_on_a_deep_model(file_type: str, tmp_path: Path,
                                                           tiny_model: Callable[..., Path]) -> None:
     """32 layers, so every layer rule (first/last eighth, every third, first sixteenth) is exercised."""

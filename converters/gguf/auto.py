@@ -1,0 +1,81 @@
+"""`--to gguf:auto`: the smallest file type whose measured quality meets a budget.
+
+Every candidate is planned first (config and headers only), which gives each one's tensor bytes
+before anything is written. In that size order quality is close to monotone (more bits, less
+error), so the search is a bisection: the middle candidate is converted and verified on the
+evaluation text; if it meets the budget the answer is it or a smaller one, else a larger one.
+Nine candidates take four conversions instead of nine (from the smallest up would take up to
+nine, and the smallest types, the likeliest to fail, first). The reference forward pass runs
+once and is shared (`.mreg-reference.npz`). A candidate that loses is deleted as soon as it is
+judged, its figures kept: the version holds the chosen file, the chart (`auto.svg`) and, in the
+manifest, every candidate's size and, for those tried, quality. If quality is not monotone on a
+model, bisection can miss a smaller type that would pass: the chart shows what was tried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from converters.gguf.quality import KEYS, misses
+from manifests import GGUFCandidate
+from registry.errors import GateRefused, UsageError
+
+#: The types `gguf:auto` chooses from, largest first. One list: the IQ types join it when they exist.
+CANDIDATES: tuple[str, ...] = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q4_K_M", "Q4_K_S", "Q3_K_M", "Q3_K_S", "Q2_K")
+#: The budget when none is given: a mean KL divergence llama.cpp's Q4_K_M of a trained model meets.
+DEFAULT_BUDGET = {"kl_divergence": 0.02}
+SEARCH = "bisection"
+#: Metrics kept per candidate (the chart's and the budget's).
+KEPT = ("kl_divergence", "kl_divergence_p99", "top1_agreement", "perplexity_ratio", "perplexity_reference",
+        "perplexity_llama_cpp", "evaluation_tokens", "logits_positions")
+
+
+def size_order(sizes: Sequence[int]) -> list[int]:
+    """Candidate indices from the smallest planned file to the largest; ties go to the later (nominally smaller)."""
+    return sorted(range(len(sizes)), key=lambda i: (sizes[i], -i))
+
+
+def bisect(count: int, meets: Callable[[int], bool]) -> tuple[int | None, list[int]]:
+    """The smallest position in [0, count) that meets, if meeting is monotone, and the positions tried in order."""
+    lo, hi, best, tried = 0, count - 1, None, []
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        tried.append(mid)
+        if meets(mid):
+            best, hi = mid, mid - 1
+        else:
+            lo = mid + 1
+    return best, tried
+
+
+def candidate(qtype: str, tensor_bytes: int, file_bytes: int | None, metrics: dict[str, float] | None,
+              budget: dict[str, float]) -> GGUFCandidate:
+    """One candidate's record: figures kept, judged against the budget when it was tried."""
+    if metrics is None:
+        return GGUFCandidate(type=qtype, tensor_bytes=tensor_bytes)
+    kept = {k: metrics[k] for k in KEPT if k in metrics}
+    return GGUFCandidate(type=qtype, tensor_bytes=tensor_bytes, file_bytes=file_bytes, tried=True,
+                         meets=not misses(metrics, budget), metrics=kept)
+
+
+def check_measured(qtype: str, metrics: dict[str, float], budget: dict[str, float], detail: str | None) -> None:
+    """A candidate whose budgeted figures could not be measured (no reference for the model) stops the search."""
+    absent = [m for m in budget if m not in metrics]
+    if absent:
+        raise UsageError(f"gguf:auto could not measure {', '.join(absent)} of {qtype}: {detail or 'no figures'}",
+                         hint="convert a named type instead (--to gguf:Q4_K_M)")
+
+
+def none_meets(candidates: Sequence[GGUFCandidate], budget: dict[str, float]) -> GateRefused:
+    """The refusal when no candidate meets the budget: the best one's figures in the message (exit 6)."""
+    tried = [c for c in candidates if c.tried]
+    first = next(iter(budget))
+    upper = dict(KEYS.values()).get(first, True)
+    best = sorted(tried, key=lambda c: c.metrics.get(first, float("inf")) * (1 if upper else -1))[0]
+    figures = ", ".join(f"{k} {best.metrics[k]:.4g}" for k in budget if k in best.metrics)
+    wanted = ", ".join(f"{k} {'>=' if not dict(KEYS.values()).get(k, True) else '<='} {v:g}" for k, v in budget.items())
+    return GateRefused(
+        f"gguf:auto: no candidate meets {wanted}; the best tried, {best.type} ({best.tensor_bytes} bytes of "
+        f"tensors), measures {figures} ({len(tried)} of {len(candidates)} tried)",
+        hint="loosen the budget (--budget kl=…), or convert a named type (--to gguf:Q8_0); nothing was published",
+        details={"budget": budget, "candidates": [c.model_dump(mode="json") for c in candidates]})

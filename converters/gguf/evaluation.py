@@ -1,0 +1,72 @@
+"""The text a GGUF file's quality is measured on: `--evaluation default` (shipped) or a file of one's own.
+
+The default, `data/evaluation.txt`, was written for mreg (English prose about a harbour town and
+measurement, with Python, shell and TOML code; about 10 KiB, a few thousand tokens for a 32 K-150 K
+vocabulary). Only its first `max_tokens` tokens (default 1024, and never past the model's context) are
+evaluated: llama.cpp's and the reference's logits are held for every position (positions × vocabulary
+floats each). The text's sha256 and the cap are options, so part of the conversion key; the tokens
+evaluated are recorded with the metrics (`evaluation_tokens`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from registry.errors import IntegrityError, UsageError
+
+DEFAULT = Path(__file__).parent / "data" / "evaluation.txt"
+DEFAULT_TOKENS = 1024
+MAX_TOKENS = 1 << 16
+#: Larger than any evaluation worth its cost: a wrong path (a checkpoint) is refused before it is read.
+MAX_BYTES = 16 << 20
+HINT = "use --evaluation default, or a UTF-8 text file of up to 16 MiB"
+
+
+def _read(path: Path, shown: str) -> bytes:
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise UsageError(f"--evaluation {shown}: larger than 16 MiB", hint=HINT)
+        data = path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"--evaluation {shown}: cannot read it ({e.strerror or e})", hint=HINT) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"--evaluation {shown}: not UTF-8 text", hint=HINT) from None
+    if not text.strip():
+        raise UsageError(f"--evaluation {shown}: the file is empty", hint=HINT)
+    return data
+
+
+def option(value: str, tokens: str | None) -> dict[str, Any]:
+    """`default` or a path, and the token cap -> the normalized option (checked, hashed; part of the key)."""
+    try:
+        cap = DEFAULT_TOKENS if tokens is None else int(tokens)
+    except ValueError:
+        cap = 0
+    if not 2 <= cap <= MAX_TOKENS:
+        raise UsageError(f"--eval-tokens {tokens}: not a number of tokens from 2 to {MAX_TOKENS}",
+                         hint=f"e.g. --eval-tokens {DEFAULT_TOKENS}")
+    if value == "default":
+        return {"text": "default", "sha256": hashlib.sha256(_read(DEFAULT, value)).hexdigest(), "max_tokens": cap}
+    path = Path(value).expanduser().resolve()
+    digest = hashlib.sha256(_read(path, value)).hexdigest()
+    return {"text": path.name, "path": str(path), "sha256": digest, "max_tokens": cap}
+
+
+def path_of(opt: dict[str, Any]) -> Path:
+    """The file to evaluate on, its bytes still those hashed when the options were read (else IntegrityError)."""
+    path = DEFAULT if opt["text"] == "default" else Path(opt["path"])
+    got = hashlib.sha256(_read(path, str(path))).hexdigest()
+    if got != opt["sha256"]:
+        raise IntegrityError(f"the evaluation text {path} changed since the conversion was planned",
+                             hint="leave the file alone while mreg converts, and run the command again")
+    return path
+
+
+def describe(opt: dict[str, Any], evaluated: int | None) -> str:
+    """One line for the verification's inputs."""
+    count = f"{evaluated} tokens" if evaluated is not None else f"up to {opt['max_tokens']} tokens"
+    return f"evaluation text {opt['text']} (sha256:{opt['sha256']}), first {count}"
