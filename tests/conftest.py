@@ -88,3 +88,14 @@ def llama_cpp_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
         if os.environ.get(SDIST_ENV):
             raise
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real CNCF distribution registry on loopback (plain HTTP), one per test module; each test pushes to its own
+    repository (the modules' `repo` fixtures)."""
+    from support.oci_registry import LocalRegistry, need_binaries
+
+    need_binaries()
+    with LocalRegistry(tmp_path_factory.mktemp("registry")) as reg:
+        yield reg

@@ -35,6 +35,18 @@ def binaries() -> tuple[str, str]:
     return reg, skopeo
 
 
+def need_binaries() -> None:
+    """Skip the calling test without the registry and skopeo, naming the install command; fail in CI instead."""
+    import pytest
+
+    try:
+        binaries()
+    except Unavailable as e:
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(str(e))
+        pytest.skip(str(e))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from support.cli import ok
-from support.oci_registry import REQUIRE_ENV, LocalRegistry, Unavailable, binaries
+from support.oci_registry import LocalRegistry, need_binaries
 from support.tiny_models import write_random_safetensors
 
 SECRET = "s3cret-do-not-print"
@@ -21,12 +21,7 @@ SECRET = "s3cret-do-not-print"
 
 @pytest.fixture(autouse=True)
 def _need_binaries() -> None:
-    try:
-        binaries()
-    except Unavailable as e:
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(str(e))
-        pytest.skip(str(e))
+    need_binaries()
 
 
 def _published(mreg: Any, tmp_path: Path) -> None:

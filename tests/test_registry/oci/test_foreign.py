@@ -5,30 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.cli import ok
-from support.oci_registry import REQUIRE_ENV, LocalRegistry, Unavailable, binaries
+from support.oci_registry import LocalRegistry
 from support.tiny_models import write_random_safetensors
 
 from registry.oci import media
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
-    try:
-        binaries()
-    except Unavailable as e:
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(str(e))
-        pytest.skip(str(e))
-    with LocalRegistry(tmp_path_factory.mktemp("registry")) as reg:
-        yield reg
 
 
 def _model_files(src: Path) -> dict[str, bytes]:

@@ -7,35 +7,17 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.cli import ok
-from support.oci_registry import REQUIRE_ENV, LocalRegistry, Unavailable, binaries
+from support.oci_registry import LocalRegistry, need_binaries
 from support.tiny_models import write_random_safetensors
 
 from registry.oci import media
 
 TESTS = Path(__file__).resolve().parents[2]
-
-
-def _need_binaries() -> None:
-    try:
-        binaries()
-    except Unavailable as e:
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(str(e))
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
-    """One plain-HTTP registry for the module; each test pushes to its own repository."""
-    _need_binaries()
-    with LocalRegistry(tmp_path_factory.mktemp("registry")) as reg:
-        yield reg
 
 
 @pytest.fixture
@@ -202,7 +184,7 @@ def _auth_file(path: Path, host: str, user: str, password: str) -> Path:
 
 
 def test_credentials_from_the_auth_file(mreg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _need_binaries()
+    need_binaries()
     pytest.importorskip("bcrypt", reason="bcrypt makes the registry's htpasswd file: pip install bcrypt")
     _published(mreg, tmp_path)
     with LocalRegistry(tmp_path / "authreg", users={"alice": "right-secret"}) as reg:

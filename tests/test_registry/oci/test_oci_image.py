@@ -12,32 +12,18 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.cli import ok
-from support.oci_registry import REQUIRE_ENV, LocalRegistry, Unavailable, binaries
+from support.oci_registry import LocalRegistry
 from support.tiny_models import write_random_safetensors
 
 from registry.oci import media
 from registry.oci.image import TarLayer, tar_header
 
 TESTS = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
-    """One plain-HTTP registry for the module; each test pushes to its own repository."""
-    try:
-        binaries()
-    except Unavailable as e:
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(str(e))
-        pytest.skip(str(e))
-    with LocalRegistry(tmp_path_factory.mktemp("registry")) as reg:
-        yield reg
 
 
 @pytest.fixture

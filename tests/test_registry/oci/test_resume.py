@@ -7,31 +7,18 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.cli import ok
-from support.oci_registry import REQUIRE_ENV, LocalRegistry, Unavailable, binaries
+from support.oci_registry import LocalRegistry
 from support.tiny_models import write_random_safetensors
 
 TESTS = Path(__file__).resolve().parents[2]
 CHUNK = 128 << 10
 WEIGHTS = 1 << 20  # tensor bytes: eight chunks and a header
 KILL_AFTER = 300_000  # bytes the progress has heard of: three chunks of the weights, and the small blobs
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
-    try:
-        binaries()
-    except Unavailable as e:
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(str(e))
-        pytest.skip(str(e))
-    with LocalRegistry(tmp_path_factory.mktemp("registry")) as reg:
-        yield reg
 
 
 @pytest.fixture

@@ -9,39 +9,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.cli import ok
-from support.oci_registry import REQUIRE_ENV, LocalRegistry, Unavailable, binaries
+from support.oci_registry import LocalRegistry
 from support.pki import KeyPair, write_key
 from support.tiny_models import write_random_safetensors
 
 from registry.oci import media
 
 pytest.importorskip("model_signing", reason="signing needs model-signing: pip install 'mreg[sign]'")
-
-
-def _need_binaries() -> None:
-    try:
-        binaries()
-    except Unavailable as e:
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(str(e))
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
-    """One plain-HTTP registry for the module; each test pushes to its own repository."""
-    _need_binaries()
-    with LocalRegistry(tmp_path_factory.mktemp("registry")) as reg:
-        yield reg
 
 
 @pytest.fixture
