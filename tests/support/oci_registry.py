@@ -131,3 +131,29 @@ class LocalRegistry:
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+def killed_push(store: Path, version: str, target: str, *, after: int, chunk: int | None = None,
+                insecure: bool = True) -> None:
+    """`api.oci_push` in a child process, SIGKILLed by its own progress once it has heard of `after` bytes (right
+    after a blob or a chunk was accepted): what a push killed mid-way leaves behind."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal, sys\n"
+        "from registry import api\n"
+        "class Killer:\n"
+        "    seen = 0\n"
+        "    def start(self, *a, **k): pass\n"
+        "    def done(self): pass\n"
+        "    def advance(self, n):\n"
+        "        Killer.seen += n\n"
+        f"        if Killer.seen > {after}: os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"api.oci_push(api.open_local_store(sys.argv[1]), {version!r}, sys.argv[2], insecure={insecure}, "
+        f"progress=Killer(), chunk={chunk})\n"
+    )
+    repo_root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo_root), os.environ.get("PYTHONPATH", "")])}
+    killed = subprocess.run([sys.executable, "-c", script, str(store), target], env=env, timeout=60, check=False)
+    assert killed.returncode == -9, f"the push was not killed mid-way (exit {killed.returncode})"

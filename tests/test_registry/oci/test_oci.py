@@ -6,13 +6,12 @@ import base64
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.cli import ok
-from support.oci_registry import LocalRegistry, need_binaries
+from support.oci_registry import LocalRegistry, killed_push, need_binaries
 from support.tiny_models import write_random_safetensors
 
 from registry.oci import media
@@ -109,23 +108,7 @@ def test_skopeo_reads_the_modelpack_manifest(mreg: Any, tmp_path: Path, repo: st
 
 def test_chunked_push_killed_mid_way_then_repeated(tmp_path: Path, repo: str, mreg: Any) -> None:
     _published(mreg, tmp_path, size=1 << 20)
-    script = (
-        "import os, signal, sys\n"
-        "from registry import api\n"
-        "class Killer:\n"
-        "    seen = 0\n"
-        "    def start(self, *a, **k): pass\n"
-        "    def done(self): pass\n"
-        "    def advance(self, n):\n"
-        "        Killer.seen += n\n"
-        "        if Killer.seen > 300_000: os.kill(os.getpid(), signal.SIGKILL)\n"
-        "store = api.open_local_store(sys.argv[1])\n"
-        "api.oci_push(store, 'm@1', sys.argv[2], insecure=True, progress=Killer(), chunk=128 << 10)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
-    killed = subprocess.run([sys.executable, "-c", script, str(tmp_path / "store"), f"{repo}:v1"], env=env,
-                            timeout=60, check=False)
-    assert killed.returncode == -9
+    killed_push(tmp_path / "store", "m@1", f"{repo}:v1", after=300_000, chunk=128 << 10)
     missing = mreg("pull", f"{repo}:v1", "--insecure", "--json")
     assert missing.exit_code == 3, "no manifest: nothing a reader can mistake for complete"
     from registry import api

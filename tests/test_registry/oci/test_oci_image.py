@@ -10,14 +10,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.cli import ok
-from support.oci_registry import LocalRegistry
+from support.oci_registry import LocalRegistry, killed_push
 from support.tiny_models import write_random_safetensors
 
 from registry.oci import media
@@ -370,22 +369,7 @@ def test_killed_archive_push_leaves_the_old_archive(tmp_path: Path, mreg: Any, s
     carry = tmp_path / "usb" / "carry.tar"
     ok(mreg("push", "m@1", f"oci-archive:{carry}:v1", "--json"))
     before = carry.read_bytes()
-    script = (
-        "import os, signal, sys\n"
-        "from registry import api\n"
-        "class Killer:\n"
-        "    seen = 0\n"
-        "    def start(self, *a, **k): pass\n"
-        "    def done(self): pass\n"
-        "    def advance(self, n):\n"
-        "        Killer.seen += n\n"
-        "        if Killer.seen > 300_000: os.kill(os.getpid(), signal.SIGKILL)\n"
-        "api.oci_push(api.open_local_store(sys.argv[1]), 'm@2', sys.argv[2], progress=Killer())\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
-    killed = subprocess.run([sys.executable, "-c", script, str(store_root), f"oci-archive:{carry}:v2"], env=env,
-                            timeout=60, check=False)
-    assert killed.returncode == -9
+    killed_push(store_root, "m@2", f"oci-archive:{carry}:v2", after=300_000, insecure=False)
     assert carry.read_bytes() == before, "the archive under its name is the old one, whole"
     assert len(list(carry.parent.iterdir())) == 2  # and the killed writer's temporary file
     ok(mreg("push", "m@2", f"oci-archive:{carry}:v2", "--json"))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from support.cli import ok
-from support.oci_registry import LocalRegistry
+from support.oci_registry import LocalRegistry, killed_push
 from support.tiny_models import write_random_safetensors
 
 TESTS = Path(__file__).resolve().parents[2]
@@ -38,23 +38,7 @@ def _published(mreg: Any, tmp_path: Path) -> dict[str, Any]:
 
 def _killed_push(tmp_path: Path, target: str) -> None:
     """A push in a child process, SIGKILLed by its own progress after KILL_AFTER bytes (between two chunks)."""
-    script = (
-        "import os, signal, sys\n"
-        "from registry import api\n"
-        "class Killer:\n"
-        "    seen = 0\n"
-        "    def start(self, *a, **k): pass\n"
-        "    def done(self): pass\n"
-        "    def advance(self, n):\n"
-        "        Killer.seen += n\n"
-        f"        if Killer.seen > {KILL_AFTER}: os.kill(os.getpid(), signal.SIGKILL)\n"
-        "store = api.open_local_store(sys.argv[1])\n"
-        f"api.oci_push(store, 'm@1', sys.argv[2], insecure=True, progress=Killer(), chunk={CHUNK})\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
-    killed = subprocess.run([sys.executable, "-c", script, str(tmp_path / "store"), target], env=env, timeout=60,
-                            check=False)
-    assert killed.returncode == -9
+    killed_push(tmp_path / "store", "m@1", target, after=KILL_AFTER, chunk=CHUNK)
 
 
 def _sessions(store: Path) -> list[dict[str, Any]]:
