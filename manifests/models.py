@@ -131,6 +131,25 @@ class EngineRecord(BaseModel):
     builder_messages: tuple[str, ...] = ()
 
 
+class GGUFImportance(_Record):
+    """The importance matrix a GGUF file was quantized with (a file of the version, in llama.cpp's format)."""
+
+    #: The file, relative to the artifact directory (`<name>.imatrix.gguf`, or `.dat` as llama-imatrix gave it).
+    file: RelPath
+    sha256: str
+    #: `mreg` (computed from a calibration text by mreg's float32 forward pass) or `llama-imatrix` (given).
+    made_by: Literal["mreg", "llama-imatrix"]
+    #: The calibration text's name as the file records it, its sha256 and token count (when mreg made it).
+    dataset: str | None = None
+    dataset_sha256: str | None = None
+    tokens: int | None = None
+    chunks: int = Field(ge=0)
+    chunk_size: int = Field(ge=0)
+    #: Matrices it has data for.
+    entries: int = Field(ge=0)
+    seconds: float = Field(ge=0)
+
+
 class GGUFRequirements(_Record):
     """What a GGUF file needs to load."""
 
@@ -139,6 +158,7 @@ class GGUFRequirements(_Record):
     quantization: str
     tensor_types: dict[str, int] = Field(default_factory=dict)
     fallbacks: dict[str, str] = Field(default_factory=dict)
+    imatrix: GGUFImportance | None = None
 
 
 class Artifact(_Record):

@@ -28,6 +28,18 @@ def _tensorrt_tokens(backend: str | None, target: str | None, shapes: str | None
         f"precision={precision}" if precision else "") if t]
 
 
+def _gguf_tokens(calibration: str | None, ctx: int | None, imatrix_file: str | None) -> list[str]:
+    """--calibration/--calibration-ctx/--imatrix as `--to gguf:` spec tokens."""
+    from registry.errors import UsageError
+
+    for flag, value in (("--calibration", calibration), ("--imatrix", imatrix_file)):
+        if value and "," in value:
+            raise UsageError(f"{flag} {value}: a path with a comma cannot be passed on", hint="rename or link the file")
+    return [t for t in (f"calibration={calibration}" if calibration else "",
+                        f"calibration-ctx={ctx}" if ctx is not None else "",
+                        f"imatrix={imatrix_file}" if imatrix_file else "") if t]
+
+
 @click.command("convert")
 @click.argument("source", metavar="REPO[@REVISION] | ./DIR | NAME@REF | oci://HOST/REPO:TAG")
 @click.option("--to", "targets", multiple=True, required=True, metavar="FORMAT[:SPEC]",
@@ -40,13 +52,19 @@ def _tensorrt_tokens(backend: str | None, target: str | None, shapes: str | None
 @click.option("--target", "trt_target", metavar="sm_86,sm_89", help="TensorRT: compute capabilities, one engine each.")
 @click.option("--shapes", metavar="NAME=MIN:OPT:MAX,...", help="TensorRT: profiles, e.g. input_ids=1x1:1x128:8x2048.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), help="TensorRT: engine precision.")
+@click.option("--calibration", metavar="FILE|default",
+              help="GGUF: compute an importance matrix on this text (default: the one mreg ships) and quantize with it.")
+@click.option("--calibration-ctx", type=int, metavar="N", help="GGUF: tokens per calibration chunk (default 512).")
+@click.option("--imatrix", "imatrix_file", metavar="FILE",
+              help="GGUF: quantize with this importance matrix made by llama-imatrix (.gguf or .dat).")
 @config_option
 @cache_option
 @store_option
 @pull_options
 @json_option
 def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: bool, backend: str | None,
-                trt_target: str | None, shapes: str | None, precision: str | None, config_path: str | None,
+                trt_target: str | None, shapes: str | None, precision: str | None, calibration: str | None,
+                calibration_ctx: int | None, imatrix_file: str | None, config_path: str | None,
                 cache_dir: str | None, store: str | None, include: tuple[str, ...], exclude: tuple[str, ...],
                 allow_pickle: bool, offline: bool, endpoint: str | None, insecure: bool, as_json: bool) -> None:
     """Convert a source (pulled into the cache first if needed) into a new, verified version.
@@ -61,6 +79,8 @@ def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: b
     parsed = with_spec_flags([parse_target(t) for t in targets], "tensorrt",
                              _tensorrt_tokens(backend, trt_target, shapes, precision),
                              "--backend, --target, --shapes and --precision")
+    parsed = with_spec_flags(parsed, "gguf", _gguf_tokens(calibration, calibration_ctx, imatrix_file),
+                             "--calibration, --calibration-ctx and --imatrix")
     api.check_targets(parsed)  # bad targets or options are refused before any download
     settings = settings_for(config_path, cache_dir, store)
     st = local_store(settings)
