@@ -16,6 +16,7 @@ output matrix is left out, as llama-imatrix leaves it out by default. The file i
 ```
 GGUF v3: general.type = "imatrix", imatrix.datasets = [name], imatrix.chunk_count, imatrix.chunk_size
 tensors, sorted by name:  <name>.in_sum2  F32 [ncols, nmat]     <name>.counts  F32 [1, nmat]
+                          (a dense matrix, nmat = 1: [ncols] and [1], as ggml drops trailing ones)
 ```
 `read` takes that format and llama-imatrix's legacy `.dat` (mean values times the number of chunks).
 """
@@ -135,8 +136,10 @@ def write(path: Path, imp: Importance) -> str:
     for name in sorted(imp.sums):
         sums = np.ascontiguousarray(imp.sums[name], np.float32)
         counts = np.ascontiguousarray(imp.counts[name], np.float32)
-        infos += [TensorInfo(f"{name}.in_sum2", (sums.shape[1], sums.shape[0]), "F32", sums.nbytes),
-                  TensorInfo(f"{name}.counts", (1, counts.size), "F32", counts.nbytes)]
+        # ggml writes no trailing dimension of 1: a dense matrix's are [ncols] and [1]
+        experts = (sums.shape[0],) if sums.shape[0] > 1 else ()
+        infos += [TensorInfo(f"{name}.in_sum2", (sums.shape[1], *experts), "F32", sums.nbytes),
+                  TensorInfo(f"{name}.counts", (1, *experts), "F32", counts.nbytes)]
         blobs += [sums.tobytes(), counts.tobytes()]
     with HashingWriter(path) as out:
         out.write(header(metadata, infos))

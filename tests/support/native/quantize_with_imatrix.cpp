@@ -3,7 +3,8 @@
 // llama_model_imatrix_data array the API takes. Written for mreg's tests; compiled against the sdist's
 // include/llama.h and the installed llama-cpp-python's libllama.so.
 //
-// usage: quantize_with_imatrix IN.gguf OUT.gguf FTYPE NTHREAD [IMATRIX.gguf]
+// usage: quantize_with_imatrix IN.gguf OUT.gguf FTYPE NTHREAD [IMATRIX.gguf|-] [dry]
+// `dry`: llama.cpp's --dry-run (types chosen, nothing written); its log goes to stdout, one line per tensor.
 #include "ggml.h"
 #include "gguf.h"
 #include "llama.h"
@@ -51,6 +52,10 @@ static bool load(const char * fname, std::map<std::string, std::vector<float>> &
     return true;
 }
 
+static void to_stdout(ggml_log_level, const char * text, void *) {
+    fputs(text, stdout);
+}
+
 int main(int argc, char ** argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: %s IN OUT FTYPE NTHREAD [IMATRIX]\n", argv[0]);
@@ -62,7 +67,9 @@ int main(int argc, char ** argv) {
     params.nthread = atoi(argv[4]);
     std::map<std::string, std::vector<float>> data;
     std::vector<llama_model_imatrix_data> entries;
-    if (argc > 5) {
+    params.dry_run = argc > 6 && strcmp(argv[6], "dry") == 0;
+    llama_log_set(params.dry_run ? to_stdout : [](ggml_log_level, const char *, void *) {}, nullptr);
+    if (argc > 5 && strcmp(argv[5], "-") != 0) {
         if (!load(argv[5], data)) {
             fprintf(stderr, "cannot load %s\n", argv[5]);
             return 3;

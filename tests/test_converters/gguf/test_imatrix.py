@@ -1,0 +1,300 @@
+"""Importance matrices and the IQ types against llama.cpp's own code: the matrix llama.cpp accumulates on the same
+text, the bytes `llama_model_quantize` writes with it, the type mixes it chooses, and the conversions through the CLI.
+
+llama.cpp's side runs two small programs built on the spot against its library (tests/support/llama_cpp_native.py).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.cli import artifact, convert
+
+from converters.gguf import imatrix
+from converters.gguf.converter import write
+from converters.gguf.mix import FILE_TYPES, MixParams, choose_types
+from converters.gguf.model import SafetensorsReader
+from converters.gguf.plan import plans
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is in the test extra")
+gguf = pytest.importorskip("gguf")
+
+#: Tokens per calibration chunk in these tests (the default, 512, would need a longer text per test).
+CTX = 64
+
+
+@pytest.fixture(scope="module")
+def native(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The two llama.cpp programs, compiled once (skipped only where the sdist is not named, as the other tests)."""
+    import os
+
+    from support.llama_cpp_native import build
+    from support.llama_cpp_source import SDIST_ENV, Unavailable
+
+    cache = getattr(request.config, "cache", None)
+    where = Path(cache.mkdir("llama-cpp-native")) if cache is not None else tmp_path_factory.mktemp("native")
+    try:
+        return {name: build(name, where) for name in ("quantize_with_imatrix", "imatrix_by_eval_callback")}
+    except Unavailable as e:
+        if os.environ.get(SDIST_ENV):
+            raise
+        pytest.skip(str(e))
+
+
+def _mreg_file(src: Path, file_type: str, dest: Path, imp: imatrix.Importance | None = None) -> Path:
+    (p,) = plans(src, sorted(src.glob("*.safetensors")), [file_type], "tiny", has_imatrix=[imp is not None])
+    reader = SafetensorsReader()
+    try:
+        write([p], [dest], reader, workers=2, importance=[imp])
+    finally:
+        reader.close()
+    return dest
+
+
+def _tensors(path: Path) -> dict[str, tuple[str, bytes]]:
+    return {t.name: (t.tensor_type.name, bytes(t.data.tobytes())) for t in gguf.GGUFReader(path).tensors}
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory, native: dict[str, Path]) -> dict[str, Path]:
+    """A bf16 llama (GQA 4), its F32 GGUF, a slice of the shipped calibration text, and the importance matrix of
+    each side on it: mreg's (its float32 reference pass) and llama.cpp's (its own forward pass of the F32 file)."""
+    from support.llama_cpp_native import imatrix as llama_imatrix
+    from support.tiny_models import build_tiny_llama
+
+    root = tmp_path_factory.mktemp("imatrix")
+    src = build_tiny_llama(root / "src", dtype="bfloat16", vocab_size=384, hidden_size=256, intermediate_size=256,
+                           num_heads=4, num_kv_heads=1, num_layers=2)
+    text = root / "calibration.txt"
+    text.write_text(imatrix.DEFAULT_CALIBRATION.read_text(encoding="utf-8")[:2000], encoding="utf-8")
+    f32 = _mreg_file(src, "F32", root / "tiny-F32.gguf")
+    ours = root / "mreg.imatrix.gguf"
+    imatrix.compute(src, text, ours, CTX, text.name)
+    theirs = llama_imatrix(native["imatrix_by_eval_callback"], f32, text, CTX, root / "llama.imatrix.gguf")
+    return {"src": src, "f32": f32, "text": text, "mreg": ours, "llama": theirs, "root": root}
+
+
+def test_mreg_imatrix_equals_llama_cpps_on_the_same_text(calibrated: dict[str, Path]) -> None:
+    """Same matrices, same token counts, same chunking; sums equal to float tolerance (llama.cpp runs its KV
+    cache in F16 and sums in float32, mreg's reference in float32 with float64 sums)."""
+    ours, theirs = imatrix.read(calibrated["mreg"]), imatrix.read(calibrated["llama"])
+    assert sorted(ours.sums) == sorted(theirs.sums)
+    assert len(ours.sums) == 2 * 7  # q, k, v, output, gate, up, down of each layer
+    assert (ours.chunk_count, ours.chunk_size) == (theirs.chunk_count, theirs.chunk_size)
+    assert ours.chunk_count >= 2
+    for name in ours.sums:
+        assert np.array_equal(ours.counts[name], theirs.counts[name]), name
+        np.testing.assert_allclose(ours.sums[name], theirs.sums[name], rtol=5e-3, atol=1e-6 * theirs.sums[name].max(),
+                                   err_msg=name)
+
+
+def test_the_file_is_llama_cpps_format(calibrated: dict[str, Path]) -> None:
+    reader = gguf.GGUFReader(calibrated["mreg"])
+    assert reader.fields["general.type"].contents() == "imatrix"
+    assert reader.fields["imatrix.datasets"].contents() == ["calibration.txt"]
+    assert reader.fields["imatrix.chunk_size"].contents() == CTX
+    names = [t.name for t in reader.tensors]
+    assert names == [n for base in sorted({n.rsplit(".", 1)[0] for n in names}) for n in (f"{base}.in_sum2",
+                                                                                          f"{base}.counts")]
+    theirs = {t.name: (t.tensor_type.name, [int(d) for d in t.shape]) for t in gguf.GGUFReader(calibrated["llama"]).tensors}
+    assert {t.name: (t.tensor_type.name, [int(d) for d in t.shape]) for t in reader.tensors} == theirs
+
+
+@pytest.mark.parametrize("file_type", ["Q4_K_M", "Q3_K_S", "IQ4_XS", "IQ2_M"])
+def test_bytes_equal_llama_quantize_with_the_same_imatrix(file_type: str, calibrated: dict[str, Path],
+                                                           native: dict[str, Path], tmp_path: Path) -> None:
+    from support.llama_cpp_native import quantize
+
+    imp = imatrix.read(calibrated["mreg"])
+    ours = _tensors(_mreg_file(calibrated["src"], file_type, tmp_path / "mreg.gguf", imp))
+    theirs = _tensors(quantize(native["quantize_with_imatrix"], calibrated["f32"], tmp_path / "llama.gguf",
+                               FILE_TYPES[file_type][1], calibrated["mreg"]))
+    assert {n: t for n, (t, _) in ours.items()} == {n: t for n, (t, _) in theirs.items()}
+    assert [n for n in ours if ours[n][1] != theirs[n][1]] == []
+
+
+def test_llama_imatrix_file_gives_llama_quantize_bytes(calibrated: dict[str, Path], native: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    """The file llama.cpp wrote, read by mreg, weights the encoder as llama.cpp's quantize tool does."""
+    from support.llama_cpp_native import quantize
+
+    ours = _tensors(_mreg_file(calibrated["src"], "Q4_K_M", tmp_path / "m.gguf", imatrix.read(calibrated["llama"])))
+    theirs = _tensors(quantize(native["quantize_with_imatrix"], calibrated["f32"], tmp_path / "l.gguf",
+                               FILE_TYPES["Q4_K_M"][1], calibrated["llama"]))
+    assert ours == theirs
+
+
+#: Every file type mreg adds with the importance matrices, with one (the rules of some change with it).
+NEW_TYPES = ["Q2_K_S", "Q3_K_S", "Q3_K_L", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS",
+             "IQ3_XS", "IQ3_S", "IQ3_M", "IQ4_NL", "IQ4_XS", "Q4_0", "Q5_0"]
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """16 layers (every layer rule: first/last eighth, every third, first sixteenth), its F32 GGUF, and an
+    importance matrix of ones for it (the choices do not depend on its values)."""
+    from support.tiny_models import build_tiny_llama
+
+    root = tmp_path_factory.mktemp("deep")
+    src = build_tiny_llama(root / "src", vocab_size=320, hidden_size=256, intermediate_size=256, num_heads=4,
+                           num_kv_heads=4, num_layers=16)
+    f32 = _mreg_file(src, "F32", root / "f32.gguf")
+    (p,) = plans(src, sorted(src.glob("*.safetensors")), ["F32"], "tiny")
+    ones = imatrix.Importance(datasets=["ones"], chunk_count=1, chunk_size=CTX)
+    for t in p.model.tensors:
+        if t.name.startswith("blk.") and len(t.shape) == 2:
+            ones.sums[t.name] = np.full((1, t.shape[1]), float(CTX), np.float32)
+            ones.counts[t.name] = np.array([float(CTX)])
+    imatrix.write(root / "ones.imatrix.gguf", ones)
+    return {"f32": f32, "shapes": [(t.name, t.shape) for t in p.model.tensors], "imatrix": root / "ones.imatrix.gguf"}
+
+
+@pytest.mark.parametrize("with_imatrix", [True, False], ids=["imatrix", "none"])
+@pytest.mark.parametrize("file_type", NEW_TYPES)
+def test_mix_matches_llama_quantize(file_type: str, with_imatrix: bool, deep: dict[str, Any],
+                                    native: dict[str, Path]) -> None:
+    """llama_tensor_get_type's choice for every tensor (llama.cpp's --dry-run), with and without an importance
+    matrix; without one, llama.cpp would refuse exactly the file types whose choices mreg marks as needing one."""
+    from support.llama_cpp_native import dry_run
+
+    ours = choose_types(file_type, deep["shapes"], MixParams(16, 4, 4, has_imatrix=with_imatrix))
+    theirs, refused = dry_run(native["quantize_with_imatrix"], deep["f32"], FILE_TYPES[file_type][1],
+                              deep["imatrix"] if with_imatrix else None)
+    assert {c.name: c.qtype for c in ours} == theirs
+    assert refused == (not with_imatrix and any(c.needs_imatrix for c in ours))
+
+
+def test_legacy_dat_is_read_as_llama_quantize_reads_it(tmp_path: Path) -> None:
+    """`--output-format dat`: mean values times the chunk count, divided by it on reading."""
+    values = np.array([2.0, 4.0, 6.0, 8.0], np.float32)
+    name = b"blk.0.attn_q.weight"
+    raw = struct.pack("<i", 1) + struct.pack("<i", len(name)) + name + struct.pack("<ii", 4, 4) + values.tobytes()
+    raw += struct.pack("<i", 4) + struct.pack("<i", 8) + b"wiki.txt"
+    (tmp_path / "old.dat").write_bytes(raw)
+    imp = imatrix.read(tmp_path / "old.dat")
+    assert imp.legacy and imp.datasets == ["wiki.txt"] and imp.chunk_count == 4
+    weights = imp.weights("blk.0.attn_q.weight")
+    assert weights is not None
+    np.testing.assert_array_equal(weights, values.reshape(1, 4) / 4)
+
+
+def _outliers(src: Path) -> Path:
+    """Give every layer's norms a few large columns, as trained models have (outlier features): the columns an
+    importance matrix teaches the encoder to keep precise. Random weights alone give nearly uniform importance."""
+    from support.tiny_models import set_value
+
+    config = json.loads((src / "config.json").read_text())
+    for i in range(config["num_hidden_layers"]):
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            for col in range(0, config["hidden_size"], 16):
+                set_value(src, f"model.layers.{i}.{norm}.weight", col, 12.0)
+    return src
+
+
+def test_calibration_default_is_recorded_keyed_and_lowers_kl(mreg: Any, store_root: Path,
+                                                             tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    """`--calibration default`: the importance matrix is a file of the version, its text's digest, tokens and
+    chunking are in the manifest and the key (the same run is reused, another text is another version), and the
+    file's KL divergence from the float32 reference is lower than without it (on a model with outlier features;
+    measured here: see the README)."""
+    src = _outliers(tiny_model("llama", hidden_size=256, intermediate_size=256, num_heads=4, num_kv_heads=4,
+                               num_layers=2, vocab_size=384))
+    plain = convert(mreg, src, "gguf:Q3_K_S", name="plain")
+    doc = mreg("convert", src, "--to", "gguf:Q3_K_S", "--calibration", "default", "--calibration-ctx", str(CTX),
+               "--name", "cal", "--json")
+    assert doc.exit_code == 0, doc.stderr
+    art, tree = artifact(store_root, "cal", 1, "gguf")
+    record = art["requirements"]["imatrix"]
+    assert record["made_by"] == "mreg" and record["file"] == "cal.imatrix.gguf"
+    assert record["dataset_sha256"] == imatrix.sha256_of(imatrix.DEFAULT_CALIBRATION)
+    assert record["tokens"] > 2 * CTX and record["chunks"] == record["tokens"] // CTX and record["chunk_size"] == CTX
+    assert art["options"]["calibration"] == {"sha256": record["dataset_sha256"], "name": "calibration.txt",
+                                             "chunk_size": CTX}
+    assert {f["path"] for f in art["files"]} == {"cal-Q3_K_S.gguf", "cal.imatrix.gguf"}
+    assert imatrix.sha256_of(tree / "cal.imatrix.gguf") == record["sha256"]
+    fields = gguf.GGUFReader(tree / "cal-Q3_K_S.gguf").fields
+    assert fields["quantize.imatrix.file"].contents() == "cal.imatrix.gguf"
+    assert art["verification"]["status"] == "passed"
+    _, plain_tree = artifact(store_root, "plain", 1, "gguf")
+    kl_with = art["verification"]["metrics"]["kl_divergence"]
+    kl_without = json.loads((plain_tree.parent / "manifest.json").read_text())["artifacts"][0]["verification"][
+        "metrics"]["kl_divergence"]
+    assert kl_with < kl_without, (kl_with, kl_without)
+    again = mreg("convert", src, "--to", "gguf:Q3_K_S", "--calibration", "default", "--calibration-ctx", str(CTX),
+                 "--name", "cal", "--json")
+    assert again.json["reused"] is True and again.json["version"] == 1
+    other = tmp_path / "other.txt"
+    other.write_text(imatrix.DEFAULT_CALIBRATION.read_text(encoding="utf-8")[:3000], encoding="utf-8")
+    third = mreg("convert", src, "--to", "gguf:Q3_K_S", "--calibration", other, "--calibration-ctx", str(CTX),
+                 "--name", "cal", "--json")
+    assert third.exit_code == 0, third.stderr
+    assert third.json["reused"] is False and third.json["version"] == 2
+    assert plain["key"] != doc.json["key"] != third.json["key"]
+
+
+def _refused(result: Any, store_root: Path, name: str, *needles: str) -> dict[str, Any]:
+    """A usage error (exit 2) as one JSON document with a hint, naming every needle; nothing published."""
+    assert result.exit_code == 2, result.stderr + result.stdout
+    err: dict[str, Any] = json.loads(result.stdout)["error"]
+    assert err["exit_code"] == 2 and err["hint"]
+    for needle in needles:
+        assert needle in err["message"] + " " + err["hint"], (needle, err)
+    assert not (store_root / "models" / name / "versions" / "1" / "manifest.json").exists(), "nothing published"
+    return err
+
+
+def test_iq2_without_an_imatrix_is_refused_with_the_next_step(mreg: Any, store_root: Path,
+                                                              tiny_model: Callable[..., Path]) -> None:
+    src = tiny_model("llama", hidden_size=256, intermediate_size=256, num_heads=4, num_kv_heads=4, num_layers=2)
+    result = mreg("convert", src, "--to", "gguf:IQ2_XXS", "--name", "iq2", "--json")
+    _refused(result, store_root, "iq2", "needs an importance matrix", "--calibration")
+
+
+def test_the_numpy_encoders_refuse_iq_types_naming_what_to_install(mreg: Any, store_root: Path,
+                                                                   tiny_model: Callable[..., Path],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from converters.gguf import quants
+
+    monkeypatch.setenv("MREG_GGUF_QUANTIZER", "numpy")
+    quants._ggml_quantize_chunk.cache_clear()
+    try:
+        src = tiny_model("llama", hidden_size=256, intermediate_size=256, num_heads=4, num_kv_heads=4, num_layers=2)
+        result = mreg("convert", src, "--to", "gguf:IQ4_XS", "--name", "iq4", "--json")
+        _refused(result, store_root, "iq4", "llama-cpp-python")
+    finally:
+        quants._ggml_quantize_chunk.cache_clear()
+
+
+@pytest.mark.parametrize("args", [
+    ("--calibration", "missing.txt"),
+    ("--imatrix", "not-an-imatrix.gguf"),
+    ("--calibration", "default", "--imatrix", "x.gguf"),
+    ("--calibration", "default", "--calibration-ctx", "4"),
+    ("--calibration-ctx", "64"),
+])
+def test_bad_importance_options_are_refused_before_any_work(args: tuple[str, ...], mreg: Any, store_root: Path,
+                                                            tiny_model: Callable[..., Path], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "not-an-imatrix.gguf").write_bytes(b"GGUF" + b"\0" * 60)
+    (tmp_path / "x.gguf").write_bytes(b"x")
+    src = tiny_model("llama", hidden_size=256, intermediate_size=256, num_heads=4, num_kv_heads=4, num_layers=2)
+    _refused(mreg("convert", src, "--to", "gguf:Q4_K_M", *args, "--name", "bad", "--json"), store_root, "bad")
+
+
+def test_an_imatrix_of_another_model_is_refused(mreg: Any, store_root: Path, tiny_model: Callable[..., Path],
+                                                tmp_path: Path) -> None:
+    imp = imatrix.Importance(datasets=["x"], chunk_count=1, chunk_size=CTX)
+    imp.sums["blk.0.attn_q.weight"] = np.ones((1, 128), np.float32)
+    imp.counts["blk.0.attn_q.weight"] = np.ones(1)
+    imatrix.write(tmp_path / "other.imatrix.gguf", imp)
+    src = tiny_model("llama", hidden_size=256, intermediate_size=256, num_heads=4, num_kv_heads=4, num_layers=2)
+    result = mreg("convert", src, "--to", "gguf:Q4_K_M", "--imatrix", tmp_path / "other.imatrix.gguf", "--name",
+                  "other", "--json")
+    _refused(result, store_root, "other", "another model")
