@@ -298,3 +298,31 @@ def test_an_imatrix_of_another_model_is_refused(mreg: Any, store_root: Path, tin
     result = mreg("convert", src, "--to", "gguf:Q4_K_M", "--imatrix", tmp_path / "other.imatrix.gguf", "--name",
                   "other", "--json")
     _refused(result, store_root, "other", "another model")
+
+
+@pytest.mark.parametrize("kind", ["qwen3moe"])
+def test_a_mixture_keeps_one_row_per_expert_and_quantizes_each_with_its_own(
+        kind: str, tiny_model: Callable[..., Path], native: dict[str, Path], tmp_path: Path) -> None:
+    """Stacked experts: in_sum2 and counts per expert (tokens routed to it), equal to llama.cpp's (MUL_MAT_ID);
+    each expert's rows quantized with its own row, byte-equal to llama_model_quantize."""
+    from support.llama_cpp_native import imatrix as llama_imatrix
+    from support.llama_cpp_native import quantize
+
+    src = tiny_model(kind)
+    text = tmp_path / "calibration.txt"
+    text.write_text(imatrix.DEFAULT_CALIBRATION.read_text(encoding="utf-8")[:1500], encoding="utf-8")
+    f32 = _mreg_file(src, "F32", tmp_path / "f32.gguf")
+    imatrix.compute(src, text, tmp_path / "mreg.imatrix.gguf", CTX, text.name)
+    ours = imatrix.read(tmp_path / "mreg.imatrix.gguf")
+    theirs = imatrix.read(llama_imatrix(native["imatrix_by_eval_callback"], f32, text, CTX, tmp_path / "l.gguf"))
+    assert sorted(ours.sums) == sorted(theirs.sums)
+    experts = [n for n in ours.sums if "_exps" in n]
+    assert experts and all(ours.sums[n].shape[0] > 1 for n in experts)
+    for name in ours.sums:
+        assert np.array_equal(ours.counts[name], theirs.counts[name]), name
+        np.testing.assert_allclose(ours.sums[name], theirs.sums[name], rtol=5e-3, atol=1e-6 * theirs.sums[name].max(),
+                                   err_msg=name)
+    mine = _tensors(_mreg_file(src, "Q4_K_M", tmp_path / "m.gguf", ours))
+    llama = _tensors(quantize(native["quantize_with_imatrix"], f32, tmp_path / "q.gguf", FILE_TYPES["Q4_K_M"][1],
+                              tmp_path / "mreg.imatrix.gguf"))
+    assert mine == llama
