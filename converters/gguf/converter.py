@@ -194,7 +194,8 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
         model = planned[0].model
         qtypes = [[p.choices[i].qtype for p in planned] for i in range(len(model.tensors))]
         imps = list(importance) or [None] * len(planned)
-        weights = [[imp.weights(t.name) if imp is not None else None for imp in imps] for t in model.tensors]
+        weights = [[_fitting(imp.weights(t.name), t) if imp is not None else None for imp in imps]
+                   for t in model.tensors]
         for i, t, start, stop in _jobs(model, reader):
             pending.append((i, pool.submit(_read_and_encode, reader, t, qtypes[i], start, stop, weights[i])))
             drain(2 * workers)
@@ -208,6 +209,13 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
                                     st.encoded_nonfinite)
                       for info, choice, st in zip(p.infos, p.choices, pstats, strict=True)])
             for digest, p, pstats in zip(digests, planned, stats, strict=True)]
+
+
+def _fitting(weights: Floats | None, t: TensorPlan) -> Floats | None:
+    """An importance matrix's weights for a tensor when they fit it (one row per expert, one weight per column);
+    llama.cpp ignores a token embedding's that do not (imatrix.check_fits refuses any other misfit first)."""
+    nmat = t.shape[0] if len(t.shape) == 3 else 1
+    return weights if weights is not None and weights.shape == (nmat, t.ncols) else None
 
 
 def _rel_rmse(st: _Stats) -> float:

@@ -39,7 +39,7 @@ import numpy as np
 from converters.gguf.file import HashingWriter, TensorInfo, header
 from converters.gguf.model import _EXPERT, ModelPlan
 from converters.gguf.quants.blocks import Floats
-from registry.errors import UsageError
+from registry.errors import MregError, UsageError
 
 #: The calibration text mreg ships (`--calibration default`), and llama-imatrix's default chunk size.
 DEFAULT_CALIBRATION = Path(__file__).parent / "data" / "calibration.txt"
@@ -49,7 +49,11 @@ MIN_CHUNK = 16
 
 
 class InvalidImportance(UsageError):
-    """A file given as an importance matrix is not one, or does not fit the model."""
+    """A file given as an importance matrix is not one, or does not fit the model, or the text is too short."""
+
+
+class ImportanceFailed(MregError):
+    """Computing the importance matrix failed (its child process died)."""
 
 
 @dataclass
@@ -293,11 +297,15 @@ def compute(directory: Path, text: Path, dest: Path, chunk_size: int, dataset: s
            dataset]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = done.stdout.strip().splitlines()
-    doc = json.loads(lines[-1]) if done.returncode == 0 and lines else None
-    if doc is None or "error" in doc:
-        message = doc["error"] if doc else (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise InvalidImportance(f"the importance matrix could not be computed: {message}",
-                                hint=doc.get("hint") if doc else "MREG_DEBUG=1 shows more; nothing was published")
+    if done.returncode != 0 or not lines:
+        from converters.gguf.llama import describe_exit
+
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ImportanceFailed(f"computing the importance matrix failed ({describe_exit(done.returncode)}): {tail}",
+                               hint="nothing was published; MREG_DEBUG=1 shows more")
+    doc = json.loads(lines[-1])
+    if "error" in doc:
+        raise InvalidImportance(f"the importance matrix cannot be computed: {doc['error']}", hint=doc["hint"])
     return Computed(doc["sha256"], doc["tokens"], doc["chunks"], doc["seconds"])
 
 
