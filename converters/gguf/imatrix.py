@@ -121,7 +121,8 @@ class Collector:
 
 
 def chunks(ids: list[int], chunk_size: int, bos: int | None) -> list[list[int]]:
-    """The text's tokens as llama-imatrix feeds them: whole chunks only, each starting with BOS when the model adds it."""
+    """The text's tokens as llama-imatrix feeds them: whole chunks only, each starting with BOS where the model adds
+    one."""
     out = []
     for i in range(len(ids) // chunk_size):
         chunk = ids[i * chunk_size:(i + 1) * chunk_size]
@@ -234,7 +235,8 @@ def _read_legacy(path: Path) -> Importance:
     for _ in range(n):
         (length,) = take("<i")
         if not 0 < length < 4096:
-            raise InvalidImportance(f"{path.name} is not an importance matrix", hint="give a file made by llama-imatrix")
+            raise InvalidImportance(f"{path.name} is not an importance matrix",
+                                    hint="give a file made by llama-imatrix")
         name = bytes(take(f"<{length}s")[0]).decode("utf-8", "replace")
         ncall, nval = take("<ii")
         if nval < 1 or at + 4 * nval > len(raw):

@@ -191,6 +191,8 @@ def _ffn_down(ftype: str, base: str, name: str, p: MixParams, counters: dict[str
     return base
 
 
+#: attn_output of a dense model (or one of other than eight experts) in these file types.
+_ATTN_OUTPUT = {"Q2_K": "Q3_K", "IQ3_XXS": "IQ3_S", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "IQ3_M": "Q4_K"}
 #: attn_output of a mixture of eight experts takes Q5_K in these file types.
 _ATTN_OUTPUT_8X = ("Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ3_S", "IQ3_M",
                    "IQ4_XS")
@@ -227,7 +229,7 @@ def _mixed(ftype: str, base: str, name: str, ncols: int, p: MixParams, tied: boo
     if category == "attn_output.weight":
         if p.n_expert == 8:
             return "Q5_K" if ftype in _ATTN_OUTPUT_8X else base
-        return {"Q2_K": "Q3_K", "IQ3_XXS": "IQ3_S", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "IQ3_M": "Q4_K"}.get(ftype, base)
+        return _ATTN_OUTPUT.get(ftype, base)
     if category in ("ffn_gate", "ffn_up"):
         i = counters[category] if p.n_expert <= 1 else _layer(name)
         counters[category] += 1

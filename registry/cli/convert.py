@@ -53,7 +53,7 @@ def _gguf_tokens(calibration: str | None, ctx: int | None, imatrix_file: str | N
 @click.option("--shapes", metavar="NAME=MIN:OPT:MAX,...", help="TensorRT: profiles, e.g. input_ids=1x1:1x128:8x2048.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), help="TensorRT: engine precision.")
 @click.option("--calibration", metavar="FILE|default",
-              help="GGUF: compute an importance matrix on this text (default: the one mreg ships) and quantize with it.")
+              help="GGUF: compute an importance matrix on this text ('default': the one mreg ships), quantize with it.")
 @click.option("--calibration-ctx", type=int, metavar="N", help="GGUF: tokens per calibration chunk (default 512).")
 @click.option("--imatrix", "imatrix_file", metavar="FILE",
               help="GGUF: quantize with this importance matrix made by llama-imatrix (.gguf or .dat).")

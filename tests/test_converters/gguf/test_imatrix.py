@@ -102,8 +102,10 @@ def test_the_file_is_llama_cpps_format(calibrated: dict[str, Path]) -> None:
     names = [t.name for t in reader.tensors]
     assert names == [n for base in sorted({n.rsplit(".", 1)[0] for n in names}) for n in (f"{base}.in_sum2",
                                                                                           f"{base}.counts")]
-    theirs = {t.name: (t.tensor_type.name, [int(d) for d in t.shape]) for t in gguf.GGUFReader(calibrated["llama"]).tensors}
-    assert {t.name: (t.tensor_type.name, [int(d) for d in t.shape]) for t in reader.tensors} == theirs
+    def layout(r: Any) -> dict[str, tuple[str, list[int]]]:
+        return {t.name: (t.tensor_type.name, [int(d) for d in t.shape]) for t in r.tensors}
+
+    assert layout(reader) == layout(gguf.GGUFReader(calibrated["llama"]))
 
 
 @pytest.mark.parametrize("file_type", ["Q4_K_M", "Q3_K_S", "IQ4_XS", "IQ2_M"])
