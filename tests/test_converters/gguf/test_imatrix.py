@@ -328,3 +328,21 @@ def test_a_mixture_keeps_one_row_per_expert_and_quantizes_each_with_its_own(
     llama = _tensors(quantize(native["quantize_with_imatrix"], f32, tmp_path / "q.gguf", FILE_TYPES["Q4_K_M"][1],
                               tmp_path / "mreg.imatrix.gguf"))
     assert mine == llama
+
+
+def test_an_imatrix_from_llama_imatrix_converts_iq2_m_that_llama_cpp_loads(mreg: Any, store_root: Path,
+                                                                          calibrated: dict[str, Path]) -> None:
+    """`--imatrix FILE`: the file is kept in the version as given, recorded as llama-imatrix's, and the IQ2_M file
+    made with it passes verification (llama.cpp loads it; its logits are compared with the reference)."""
+    result = mreg("convert", calibrated["src"], "--to", "gguf:IQ2_M", "--imatrix", calibrated["llama"], "--name",
+                  "iq2m", "--json")
+    assert result.exit_code == 0, result.stderr + result.stdout
+    art, tree = artifact(store_root, "iq2m", 1, "gguf")
+    record = art["requirements"]["imatrix"]
+    assert record["made_by"] == "llama-imatrix" and record["chunk_size"] == CTX and record["tokens"] is None
+    assert (tree / record["file"]).read_bytes() == calibrated["llama"].read_bytes()
+    assert art["options"]["imatrix"]["sha256"] == record["sha256"] == imatrix.sha256_of(calibrated["llama"])
+    v = art["verification"]
+    assert v["status"] == "passed" and v["metrics"]["llama_cpp_loaded"] == 1.0
+    assert v["budget"] == {"kl_divergence": 0.6} and "kl_divergence" in v["metrics"]
+    assert art["requirements"]["tensor_types"].get("IQ2_S", 0) > 0
