@@ -93,6 +93,11 @@ def show_cmd(ref: str, config_path: str | None, store: str | None, as_json: bool
             quality = _quality(a.verification.metrics, a.verification.budget)
             if quality:
                 lines.append(f"  {'':<9} quality: {quality}")
+            imx = getattr(a.requirements, "imatrix", None)
+            if imx is not None:
+                text = f", {imx.tokens} tokens" if imx.tokens is not None else ""
+                lines.append(f"  {'':<9} imatrix: {imx.file} (by {imx.made_by}; {imx.dataset or '?'}{text}, "
+                             f"{imx.chunks} chunks of {imx.chunk_size})")
         lines.append(f"  signatures {len(sig_docs) or 'none'}")
         lines += [f"    {line}" for line in sig_lines]
         return "\n".join(lines)

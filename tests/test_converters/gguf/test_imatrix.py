@@ -346,3 +346,5 @@ def test_an_imatrix_from_llama_imatrix_converts_iq2_m_that_llama_cpp_loads(mreg:
     assert v["status"] == "passed" and v["metrics"]["llama_cpp_loaded"] == 1.0
     assert v["budget"] == {"kl_divergence": 0.6} and "kl_divergence" in v["metrics"]
     assert art["requirements"]["tensor_types"].get("IQ2_S", 0) > 0
+    shown = mreg("show", "iq2m@1")
+    assert shown.exit_code == 0 and f"imatrix: {record['file']} (by llama-imatrix" in shown.stdout, shown.stdout
