@@ -326,7 +326,7 @@ class GGUFConverter(ConverterBase):
             reader.close()
             first.progress.done()
         write_s = time.monotonic() - t0
-        results = []
+        results: list[ConversionResult] = []
         # Several types of one source share the reference forward pass: the first file's check saves it.
         cache = directory / ".mreg-reference.npz" if len(planned) > 1 else None
         for p, dest, (digest, encoded) in zip(planned, dests, written, strict=True):
@@ -361,7 +361,10 @@ class GGUFConverter(ConverterBase):
         if "calibration" in chosen:
             cal = chosen["calibration"]
             dest = workdir / f"{base}.imatrix.gguf"
+            progress = requests[0].progress
+            progress.start(f"importance matrix on {cal['name']}", None, unit="step")
             computed = imatrix.compute(directory, imatrix.path_of(cal["sha256"]), dest, cal["chunk_size"], cal["name"])
+            progress.done()
             imp = imatrix.read(dest)
             record = GGUFImportance(file=dest.name, sha256=computed.sha256, made_by="mreg", dataset=cal["name"],
                                     dataset_sha256=cal["sha256"], tokens=computed.tokens, chunks=computed.chunks,
@@ -374,7 +377,7 @@ class GGUFConverter(ConverterBase):
             shutil.copyfile(source, dest)
             imp = imatrix.read(dest)
             record = GGUFImportance(file=dest.name, sha256=imatrix.sha256_of(dest), made_by="llama-imatrix",
-                                    dataset=(imp.datasets or [None])[0], chunks=imp.chunk_count,
+                                    dataset=imp.datasets[0] if imp.datasets else None, chunks=imp.chunk_count,
                                     chunk_size=imp.chunk_size, entries=len(imp.sums), seconds=0.0)
         imatrix.check_fits(imp, p.model, record.file)
         info: list[tuple[str, Any]] = [("quantize.imatrix.file", record.file)]

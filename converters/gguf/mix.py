@@ -143,15 +143,11 @@ def _attn_v(ftype: str, base: str, p: MixParams, counters: dict[str, int]) -> st
         new = "Q4_K"
     elif ftype == "IQ3_XXS":
         new = "Q4_K" if gqa4 else "IQ3_XXS" if p.has_imatrix else "IQ3_S"
-    elif ftype in ("IQ3_XS", "IQ3_S") and gqa4:
-        new = "Q4_K"
-    elif ftype == "IQ3_M":
+    elif (ftype in ("IQ3_XS", "IQ3_S") and gqa4) or ftype == "IQ3_M":
         new = "Q4_K"
     elif ftype == "Q3_K_M":
         new = "Q5_K" if i < 2 else "Q4_K"
-    elif ftype == "Q3_K_L":
-        new = "Q5_K"
-    elif ftype in ("IQ4_NL", "IQ4_XS") and gqa4:
+    elif ftype == "Q3_K_L" or (ftype in ("IQ4_NL", "IQ4_XS") and gqa4):
         new = "Q5_K"
     elif ftype in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n):
         new = "Q6_K"

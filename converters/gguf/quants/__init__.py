@@ -108,7 +108,7 @@ def ggml_available() -> bool:
 
 def needs_ggml(qtype: str, weighted: bool) -> bool:
     """Whether encoding `qtype` (with importance weights or not) takes llama.cpp's encoder."""
-    return weighted and qtype not in _UNWEIGHTED or qtype not in NUMPY_TYPES
+    return (weighted and qtype not in _UNWEIGHTED) or qtype not in NUMPY_TYPES
 
 
 def backend(qtype: str) -> str:
