@@ -348,3 +348,31 @@ def test_an_imatrix_from_llama_imatrix_converts_iq2_m_that_llama_cpp_loads(mreg:
     assert art["requirements"]["tensor_types"].get("IQ2_S", 0) > 0
     shown = mreg("show", "iq2m@1")
     assert shown.exit_code == 0 and f"imatrix: {record['file']} (by llama-imatrix" in shown.stdout, shown.stdout
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random", "nan", "negative", "not-imatrix-type", "no-counts"])
+def test_a_damaged_imatrix_is_one_line_and_exit_2(damage: str, tmp_path: Path) -> None:
+    """Hostile importance matrices (a truncated or random file, NaN or negative sums, a GGUF of another kind,
+    sums without counts) are refused with one InvalidImportance, never a traceback."""
+    imp = imatrix.Importance(datasets=["x"], chunk_count=2, chunk_size=CTX)
+    imp.sums["blk.0.attn_q.weight"] = np.ones((1, 256), np.float32)
+    imp.counts["blk.0.attn_q.weight"] = np.full(1, 2.0)
+    path = tmp_path / "bad.imatrix.gguf"
+    if damage == "nan":
+        imp.sums["blk.0.attn_q.weight"][0, 3] = np.nan
+    if damage == "negative":
+        imp.sums["blk.0.attn_q.weight"][0, 3] = -1.0
+    imatrix.write(path, imp)
+    raw = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(raw[: len(raw) // 2])
+    elif damage == "random":
+        path.write_bytes(np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    elif damage == "not-imatrix-type":
+        seven = struct.pack("<Q", 7)  # general.type's value: a string of 7 bytes
+        path.write_bytes(raw.replace(seven + b"imatrix", seven + b"imatrax", 1))
+    elif damage == "no-counts":
+        path.write_bytes(raw.replace(b".counts", b".countz"))
+    with pytest.raises(imatrix.InvalidImportance) as caught:
+        imatrix.read(path)
+    assert caught.value.exit_code == 2 and caught.value.hint and "\n" not in str(caught.value)
