@@ -137,15 +137,16 @@ NEW_TYPES = ["Q2_K_S", "Q3_K_S", "Q3_K_L", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS"
              "IQ3_XS", "IQ3_S", "IQ3_M", "IQ4_NL", "IQ4_XS", "Q4_0", "Q5_0"]
 
 
-@pytest.fixture(scope="module")
-def deep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """16 layers (every layer rule: first/last eighth, every third, first sixteenth), its F32 GGUF, and an
-    importance matrix of ones for it (the choices do not depend on its values)."""
+@pytest.fixture(scope="module", params=[4, 1], ids=["mha", "gqa4"])
+def deep(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """16 layers (every layer rule: first/last eighth, every third, first sixteenth), with 4 or 1 KV heads (the
+    GQA >= 4 rules), its F32 GGUF, and an importance matrix of ones for it (the choices do not depend on its
+    values)."""
     from support.tiny_models import build_tiny_llama
 
     root = tmp_path_factory.mktemp("deep")
     src = build_tiny_llama(root / "src", vocab_size=320, hidden_size=256, intermediate_size=256, num_heads=4,
-                           num_kv_heads=4, num_layers=16)
+                           num_kv_heads=request.param, num_layers=16)
     f32 = _mreg_file(src, "F32", root / "f32.gguf")
     (p,) = plans(src, sorted(src.glob("*.safetensors")), ["F32"], "tiny")
     ones = imatrix.Importance(datasets=["ones"], chunk_count=1, chunk_size=CTX)
@@ -154,7 +155,8 @@ def deep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             ones.sums[t.name] = np.full((1, t.shape[1]), float(CTX), np.float32)
             ones.counts[t.name] = np.array([float(CTX)])
     imatrix.write(root / "ones.imatrix.gguf", ones)
-    return {"f32": f32, "shapes": [(t.name, t.shape) for t in p.model.tensors], "imatrix": root / "ones.imatrix.gguf"}
+    return {"f32": f32, "shapes": [(t.name, t.shape) for t in p.model.tensors], "imatrix": root / "ones.imatrix.gguf",
+            "kv_heads": request.param}
 
 
 @pytest.mark.parametrize("with_imatrix", [True, False], ids=["imatrix", "none"])
@@ -165,7 +167,7 @@ def test_mix_matches_llama_quantize(file_type: str, with_imatrix: bool, deep: di
     matrix; without one, llama.cpp would refuse exactly the file types whose choices mreg marks as needing one."""
     from support.llama_cpp_native import dry_run
 
-    ours = choose_types(file_type, deep["shapes"], MixParams(16, 4, 4, has_imatrix=with_imatrix))
+    ours = choose_types(file_type, deep["shapes"], MixParams(16, 4, deep["kv_heads"], has_imatrix=with_imatrix))
     theirs, refused = dry_run(native["quantize_with_imatrix"], deep["f32"], FILE_TYPES[file_type][1],
                               deep["imatrix"] if with_imatrix else None)
     assert {c.name: c.qtype for c in ours} == theirs
