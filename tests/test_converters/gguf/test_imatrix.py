@@ -378,3 +378,33 @@ def test_a_damaged_imatrix_is_one_line_and_exit_2(damage: str, tmp_path: Path) -
     with pytest.raises(imatrix.InvalidImportance) as caught:
         imatrix.read(path)
     assert caught.value.exit_code == 2 and caught.value.hint and "\n" not in str(caught.value)
+
+
+def test_mix_of_an_eight_expert_mixture_matches_llama_quantize(tiny_model: Callable[..., Path],
+                                                               native: dict[str, Path], tmp_path: Path) -> None:
+    """The rules for eight experts (attn_v/attn_k Q8_0 or Q4_K, attn_output Q5_K, ffn_down by the layer in the
+    name) for every new file type, with and without an importance matrix (one row per expert)."""
+    from support.llama_cpp_native import dry_run
+
+    src = tiny_model("qwen3moe")
+    f32 = _mreg_file(src, "F32", tmp_path / "f32.gguf")
+    (p,) = plans(src, sorted(src.glob("*.safetensors")), ["F32"], "tiny")
+    ones = imatrix.Importance(datasets=["ones"], chunk_count=1, chunk_size=CTX)
+    for t in p.model.tensors:
+        if t.name.startswith("blk.") and len(t.shape) >= 2:
+            nmat = t.shape[0] if len(t.shape) == 3 else 1
+            ones.sums[t.name] = np.full((nmat, t.shape[-1]), float(CTX), np.float32)
+            ones.counts[t.name] = np.full(nmat, float(CTX))
+    imatrix.write(tmp_path / "ones.imatrix.gguf", ones)
+    m = p.model
+    wrong = []
+    for file_type in NEW_TYPES:
+        for with_imatrix in (True, False):
+            mix = MixParams(m.n_layer, m.n_head, m.n_head_kv, n_expert=8, has_imatrix=with_imatrix)
+            ours = choose_types(file_type, [(t.name, t.shape) for t in m.tensors], mix)
+            theirs, refused = dry_run(native["quantize_with_imatrix"], f32, FILE_TYPES[file_type][1],
+                                      tmp_path / "ones.imatrix.gguf" if with_imatrix else None)
+            if {c.name: c.qtype for c in ours} != theirs or refused != (
+                    not with_imatrix and any(c.needs_imatrix for c in ours)):
+                wrong.append((file_type, with_imatrix))
+    assert wrong == []
