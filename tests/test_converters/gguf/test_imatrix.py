@@ -408,3 +408,31 @@ def test_mix_of_an_eight_expert_mixture_matches_llama_quantize(tiny_model: Calla
                     not with_imatrix and any(c.needs_imatrix for c in ours)):
                 wrong.append((file_type, with_imatrix))
     assert wrong == []
+
+
+def _imatrix_peak_rss_mb(src: Path, text: Path, out: Path) -> float:
+    import os
+    import subprocess
+    import sys
+
+    code = (f"import resource\nfrom pathlib import Path\nfrom converters.gguf.imatrix import _child\n"
+            f"doc = _child(Path({str(src)!r}), Path({str(text)!r}), Path({str(out)!r}), 16, 'x')\n"
+            f"assert 'error' not in doc, doc\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]), "OPENBLAS_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_computing_an_imatrix_keeps_memory_flat(tmp_path: Path) -> None:
+    """The forward pass streams each matrix a block of rows at a time: 5x the weights, about the same peak."""
+    from support.tiny_models import build_padded_model
+
+    text = tmp_path / "text.txt"
+    text.write_text(imatrix.DEFAULT_CALIBRATION.read_text(encoding="utf-8")[:400], encoding="utf-8")
+    small = build_padded_model(tmp_path / "small", 40 * 10**6, shard_bytes=20 * 10**6)
+    large = build_padded_model(tmp_path / "large", 200 * 10**6, shard_bytes=100 * 10**6)
+    rss_small = _imatrix_peak_rss_mb(small, text, tmp_path / "small.imatrix.gguf")
+    rss_large = _imatrix_peak_rss_mb(large, text, tmp_path / "large.imatrix.gguf")
+    assert rss_large - rss_small < 40, f"peak RSS {rss_small:.0f} MB -> {rss_large:.0f} MB for 5x the weights"
