@@ -281,6 +281,7 @@ def test_the_numpy_encoders_refuse_iq_types_naming_what_to_install(mreg: Any, st
     ("--calibration", "default", "--imatrix", "x.gguf"),
     ("--calibration", "default", "--calibration-ctx", "4"),
     ("--calibration-ctx", "64"),
+    ("--calibration", "short.txt"),
 ])
 def test_bad_importance_options_are_refused_before_any_work(args: tuple[str, ...], mreg: Any, store_root: Path,
                                                             tiny_model: Callable[..., Path], tmp_path: Path,
@@ -288,6 +289,7 @@ def test_bad_importance_options_are_refused_before_any_work(args: tuple[str, ...
     monkeypatch.chdir(tmp_path)
     (tmp_path / "not-an-imatrix.gguf").write_bytes(b"GGUF" + b"\0" * 60)
     (tmp_path / "x.gguf").write_bytes(b"x")
+    (tmp_path / "short.txt").write_text("Too short to make two chunks of 512 tokens.")
     src = tiny_model("llama", hidden_size=256, intermediate_size=256, num_heads=4, num_kv_heads=4, num_layers=2)
     _refused(mreg("convert", src, "--to", "gguf:Q4_K_M", *args, "--name", "bad", "--json"), store_root, "bad")
 
