@@ -310,7 +310,8 @@ def test_an_imatrix_of_another_model_is_refused(mreg: Any, store_root: Path, tin
 def test_a_mixture_keeps_one_row_per_expert_and_quantizes_each_with_its_own(
         kind: str, tiny_model: Callable[..., Path], native: dict[str, Path], tmp_path: Path) -> None:
     """Stacked experts: in_sum2 and counts per expert (tokens routed to it), equal to llama.cpp's (MUL_MAT_ID);
-    each expert's rows quantized with its own row, byte-equal to llama_model_quantize."""
+    each expert's rows quantized with its own row, byte-equal to llama_model_quantize; and the eight-expert mix
+    rules of every new file type (one model built for both: transformers builds it)."""
     from support.llama_cpp_native import imatrix as llama_imatrix
     from support.llama_cpp_native import quantize
 
@@ -332,6 +333,34 @@ def test_a_mixture_keeps_one_row_per_expert_and_quantizes_each_with_its_own(
     llama = _tensors(quantize(native["quantize_with_imatrix"], f32, tmp_path / "q.gguf", FILE_TYPES["Q4_K_M"][1],
                               tmp_path / "mreg.imatrix.gguf"))
     assert mine == llama
+    _check_moe_mixes(src, f32, native, tmp_path)
+
+
+def _check_moe_mixes(src: Path, f32: Path, native: dict[str, Path], tmp_path: Path) -> None:
+    """The rules for eight experts (attn_v/attn_k Q8_0 or Q4_K, attn_output Q5_K, ffn_down by the layer in the
+    name) for every new file type, with and without an importance matrix (one row per expert), as llama.cpp's."""
+    from support.llama_cpp_native import dry_run
+
+    (p,) = plans(src, sorted(src.glob("*.safetensors")), ["F32"], "tiny")
+    ones = imatrix.Importance(datasets=["ones"], chunk_count=1, chunk_size=CTX)
+    for t in p.model.tensors:
+        if t.name.startswith("blk.") and len(t.shape) >= 2:
+            nmat = t.shape[0] if len(t.shape) == 3 else 1
+            ones.sums[t.name] = np.full((nmat, t.shape[-1]), float(CTX), np.float32)
+            ones.counts[t.name] = np.full(nmat, float(CTX))
+    imatrix.write(tmp_path / "ones.imatrix.gguf", ones)
+    m = p.model
+    wrong = []
+    for file_type in NEW_TYPES:
+        for with_imatrix in (True, False):
+            mix = MixParams(m.n_layer, m.n_head, m.n_head_kv, n_expert=8, has_imatrix=with_imatrix)
+            ours = choose_types(file_type, [(t.name, t.shape) for t in m.tensors], mix)
+            theirs, refused = dry_run(native["quantize_with_imatrix"], f32, FILE_TYPES[file_type][1],
+                                      tmp_path / "ones.imatrix.gguf" if with_imatrix else None)
+            if {c.name: c.qtype for c in ours} != theirs or refused != (
+                    not with_imatrix and any(c.needs_imatrix for c in ours)):
+                wrong.append((file_type, with_imatrix))
+    assert wrong == []
 
 
 def test_an_imatrix_from_llama_imatrix_converts_iq2_m_that_llama_cpp_loads(mreg: Any, store_root: Path,
@@ -380,36 +409,6 @@ def test_a_damaged_imatrix_is_one_line_and_exit_2(damage: str, tmp_path: Path) -
     with pytest.raises(imatrix.InvalidImportance) as caught:
         imatrix.read(path)
     assert caught.value.exit_code == 2 and caught.value.hint and "\n" not in str(caught.value)
-
-
-def test_mix_of_an_eight_expert_mixture_matches_llama_quantize(tiny_model: Callable[..., Path],
-                                                               native: dict[str, Path], tmp_path: Path) -> None:
-    """The rules for eight experts (attn_v/attn_k Q8_0 or Q4_K, attn_output Q5_K, ffn_down by the layer in the
-    name) for every new file type, with and without an importance matrix (one row per expert)."""
-    from support.llama_cpp_native import dry_run
-
-    src = tiny_model("qwen3moe")
-    f32 = _mreg_file(src, "F32", tmp_path / "f32.gguf")
-    (p,) = plans(src, sorted(src.glob("*.safetensors")), ["F32"], "tiny")
-    ones = imatrix.Importance(datasets=["ones"], chunk_count=1, chunk_size=CTX)
-    for t in p.model.tensors:
-        if t.name.startswith("blk.") and len(t.shape) >= 2:
-            nmat = t.shape[0] if len(t.shape) == 3 else 1
-            ones.sums[t.name] = np.full((nmat, t.shape[-1]), float(CTX), np.float32)
-            ones.counts[t.name] = np.full(nmat, float(CTX))
-    imatrix.write(tmp_path / "ones.imatrix.gguf", ones)
-    m = p.model
-    wrong = []
-    for file_type in NEW_TYPES:
-        for with_imatrix in (True, False):
-            mix = MixParams(m.n_layer, m.n_head, m.n_head_kv, n_expert=8, has_imatrix=with_imatrix)
-            ours = choose_types(file_type, [(t.name, t.shape) for t in m.tensors], mix)
-            theirs, refused = dry_run(native["quantize_with_imatrix"], f32, FILE_TYPES[file_type][1],
-                                      tmp_path / "ones.imatrix.gguf" if with_imatrix else None)
-            if {c.name: c.qtype for c in ours} != theirs or refused != (
-                    not with_imatrix and any(c.needs_imatrix for c in ours)):
-                wrong.append((file_type, with_imatrix))
-    assert wrong == []
 
 
 def _imatrix_peak_rss_mb(src: Path, text: Path, out: Path) -> float:
