@@ -373,7 +373,9 @@ class GGUFConverter(ConverterBase):
         else:
             given = chosen["imatrix"]
             source = imatrix.path_of(given["sha256"])
-            dest = workdir / (f"{base}.imatrix.gguf" if source.read_bytes()[:4] == b"GGUF" else f"{base}.imatrix.dat")
+            with open(source, "rb") as f:
+                gguf_format = f.read(4) == b"GGUF"
+            dest = workdir / (f"{base}.imatrix.gguf" if gguf_format else f"{base}.imatrix.dat")
             shutil.copyfile(source, dest)
             imp = imatrix.read(dest)
             record = GGUFImportance(file=dest.name, sha256=imatrix.sha256_of(dest), made_by="llama-imatrix",
