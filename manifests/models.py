@@ -158,6 +158,25 @@ class GGUFSelection(_Record):
     chart: RelPath | None = None
 
 
+class GGUFImportance(_Record):
+    """The importance matrix a GGUF file was quantized with (a file of the version, in llama.cpp's format)."""
+
+    #: The file, relative to the artifact directory (`<name>.imatrix.gguf`, or `.dat` as llama-imatrix gave it).
+    file: RelPath
+    sha256: str
+    #: `mreg` (computed from a calibration text by mreg's float32 forward pass) or `llama-imatrix` (given).
+    made_by: Literal["mreg", "llama-imatrix"]
+    #: The calibration text's name as the file records it, its sha256 and token count (when mreg made it).
+    dataset: str | None = None
+    dataset_sha256: str | None = None
+    tokens: int | None = None
+    chunks: int = Field(ge=0)
+    chunk_size: int = Field(ge=0)
+    #: Matrices it has data for.
+    entries: int = Field(ge=0)
+    seconds: float = Field(ge=0)
+
+
 class GGUFRequirements(_Record):
     """What a GGUF file needs to load."""
 
@@ -168,6 +187,7 @@ class GGUFRequirements(_Record):
     fallbacks: dict[str, str] = Field(default_factory=dict)
     #: Set when the type was chosen by budget (`--to gguf:auto`).
     selection: GGUFSelection | None = None
+    imatrix: GGUFImportance | None = None
 
 
 class Artifact(_Record):

@@ -2,40 +2,45 @@
 
 `--to gguf:Q4_K_M` picks the file type; `--to gguf:auto` the smallest one that meets a quality budget
 (`converters.gguf.auto`). The spec takes options after commas: `evaluation=default|FILE` and
-`tokens=N` (the text quality is measured on, `converters.gguf.evaluation`) and, for auto, a budget
-(`kl=0.02`, `kl99=`, `top1=`, `ppl=`, the keys of `--require gguf:…`). The conversion plans
-everything from config.json, the tokenizer files and the safetensors headers first (an
-unsupported model fails before any output), then streams: rows of one tensor at a time are read
-from the shards (pread), encoded on every core, written in order and hashed on the way. The file
-is then re-opened with gguf's reader and, when llama-cpp-python is installed, loaded by llama.cpp
-(see `converters.gguf.verify`).
+`tokens=N` (the text quality is measured on, `converters.gguf.evaluation`), for auto a budget
+(`kl=0.02`, `kl99=`, `top1=`, `ppl=`, the keys of `--require gguf:…`), and the importance matrix:
+`calibration=FILE|default` and `calibration-ctx=N` (what `--calibration` folds in) first compute
+one on the text (see `converters.gguf.imatrix`), store it beside the model as `<name>.imatrix.gguf`
+and quantize with it; `imatrix=FILE` takes one made by llama-imatrix instead (stored as given).
+The conversion plans everything from config.json, the tokenizer files and the safetensors headers
+first (an unsupported model fails before any output), then streams: rows of one tensor at a time
+are read from the shards (pread), encoded on every core, written in order and hashed on the way.
+The file is then re-opened with gguf's reader and, when llama-cpp-python is installed, loaded by
+llama.cpp (see `converters.gguf.verify`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from converters.gguf import auto, quality
+from converters.gguf import auto, imatrix, quality
 from converters.gguf import evaluation as texts
 from converters.gguf.file import HashingWriter, header
 from converters.gguf.mix import FILE_TYPES
 from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan, check_architecture
 from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, plans
-from converters.gguf.quants import Floats, backend, nonfinite, quantize
-from manifests import Artifact, GGUFRequirements, GGUFSelection, Manifest, Verification
+from converters.gguf.quants import Floats, backend, ggml_available, needs_ggml, nonfinite, quantize
+from manifests import Artifact, GGUFImportance, GGUFRequirements, GGUFSelection, Manifest, Verification
 from registry.convert.configs import check_configs
 from registry.convert.protocol import (
     ConversionRequest,
@@ -96,10 +101,25 @@ class _Stats:
         self.encoded_nonfinite += enc.encoded_nonfinite
 
 
-def _encode(rows: Floats, qtype: str, source_nonfinite: int = 0) -> Encoded:
+def _encode(rows: Floats, qtype: str, source_nonfinite: int = 0, weights: Floats | None = None, start: int = 0,
+            per: int = 0) -> Encoded:
     """Encode rows; with the squared error, squared signal and max error of a few of them, and the values of
-    every row that decode to NaN or Inf (an F16 overflow, a Q8_0 scale past F16's range)."""
-    data = quantize(rows, qtype)
+    every row that decode to NaN or Inf (an F16 overflow, a Q8_0 scale past F16's range).
+
+    `weights`: the importance matrix's (nmat, ncols) weights of the tensor; rows [start, ...) of a tensor of
+    stacked experts (`per` rows each) take their own expert's row, as llama.cpp's quantizer hands them over."""
+    if weights is None:
+        data = quantize(rows, qtype)
+    elif len(weights) == 1:
+        data = quantize(rows, qtype, importance=weights[0])
+    else:
+        parts, at = [], 0
+        while at < len(rows):
+            e = (start + at) // per
+            stop = min(len(rows), (e + 1) * per - start)
+            parts.append(quantize(rows[at:stop], qtype, importance=weights[e]))
+            at = stop
+        data = np.concatenate(parts)
     err2 = sig2 = maxerr = 0.0
     if qtype != "F32":
         # A few rows per chunk, decoded by gguf's dequantizer: an implementation independent of ours.
@@ -114,16 +134,18 @@ def _encode(rows: Floats, qtype: str, source_nonfinite: int = 0) -> Encoded:
 
 
 def _read_and_encode(reader: SafetensorsReader, t: TensorPlan, qtypes: list[str], start: int,
-                     stop: int) -> list[Encoded]:
-    """Rows [start, stop) read once, encoded once per distinct type (files sharing a type share the bytes)."""
+                     stop: int, weights: Sequence[Floats | None] = ()) -> list[Encoded]:
+    """Rows [start, stop) read once, encoded once per distinct type and weighting (files sharing them share the
+    bytes); `weights` per file: the tensor's importance-matrix weights, or None."""
     rows = reader.rows(t, start, stop)
     # Every source value is looked at: a NaN in a row no sample or prompt reaches would pass every other check.
     bad = rows.size - int(np.count_nonzero(np.isfinite(rows)))
-    done: dict[str, Encoded] = {}
-    for q in qtypes:
-        if q not in done:
-            done[q] = _encode(rows, q, bad)
-    return [done[q] for q in qtypes]
+    weights = list(weights) or [None] * len(qtypes)
+    done: dict[tuple[str, bool], Encoded] = {}
+    for q, w in zip(qtypes, weights, strict=True):
+        if (q, w is not None) not in done:
+            done[q, w is not None] = _encode(rows, q, bad, w, start, t.shape[-2] if len(t.shape) == 3 else 0)
+    return [done[q, w is not None] for q, w in zip(qtypes, weights, strict=True)]
 
 
 def dequantize(data: np.ndarray[Any, Any], qtype: str, ncols: int) -> Floats:
@@ -141,11 +163,13 @@ def _jobs(model: ModelPlan, reader: SafetensorsReader) -> Iterator[tuple[int, Te
 
 
 def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: SafetensorsReader, workers: int,
-          progress: Progress | None = None) -> list[tuple[str, list[EncodedTensor]]]:
+          progress: Progress | None = None,
+          importance: Sequence[imatrix.Importance | None] = ()) -> list[tuple[str, list[EncodedTensor]]]:
     """Stream one file per plan (same model, other types) from one read of the source.
 
     Each chunk of rows is read once, encoded in a pool for every plan, and written in order into
     every file, which is hashed on the way; the pool runs only a few chunks ahead of the writer.
+    `importance`, per plan: the importance matrix to quantize with, or None.
     """
     progress = progress or NoProgress()
     stats = [[_Stats() for _ in p.infos] for p in planned]
@@ -176,8 +200,11 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
 
         model = planned[0].model
         qtypes = [[p.choices[i].qtype for p in planned] for i in range(len(model.tensors))]
+        imps = list(importance) or [None] * len(planned)
+        weights = [[_fitting(imp.weights(t.name), t) if imp is not None else None for imp in imps]
+                   for t in model.tensors]
         for i, t, start, stop in _jobs(model, reader):
-            pending.append((i, pool.submit(_read_and_encode, reader, t, qtypes[i], start, stop)))
+            pending.append((i, pool.submit(_read_and_encode, reader, t, qtypes[i], start, stop, weights[i])))
             drain(2 * workers)
         drain(0)
         while current < len(model.tensors):
@@ -191,11 +218,37 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
             for digest, p, pstats in zip(digests, planned, stats, strict=True)]
 
 
+def _fitting(weights: Floats | None, t: TensorPlan) -> Floats | None:
+    """An importance matrix's weights for a tensor when they fit it (one row per expert, one weight per column);
+    llama.cpp ignores a token embedding's that do not (imatrix.check_fits refuses any other misfit first)."""
+    nmat = t.shape[0] if len(t.shape) == 3 else 1
+    return weights if weights is not None and weights.shape == (nmat, t.ncols) else None
+
+
 def _rel_rmse(st: _Stats) -> float:
     """Relative RMS error of the sampled rows; NaN when they decoded to NaN or Inf, whatever their signal."""
     if not math.isfinite(st.err2):
         return math.nan
     return (st.err2 / st.sig2) ** 0.5 if st.sig2 else 0.0
+
+
+def _refuse_unencodable(planned: Sequence[GGUFPlan], weighted: Sequence[bool]) -> None:
+    """Before any byte: a tensor llama.cpp writes only with an importance matrix, or a type (or weighting) only
+    llama.cpp's encoder writes where it is absent, is a usage error naming what to add."""
+    for p, w in zip(planned, weighted, strict=True):
+        needs = [c for c in p.choices if c.needs_imatrix]
+        if needs and not w:
+            raise UsageError(f"gguf:{p.file_type} needs an importance matrix: llama.cpp writes {needs[0].name} as "
+                             f"{needs[0].qtype} only with one",
+                             hint="add --calibration FILE (or --calibration default), or --imatrix FILE from "
+                                  "llama-imatrix")
+        if not ggml_available():
+            odd = sorted({c.qtype for c in p.choices if needs_ggml(c.qtype, w)})
+            if odd:
+                raise UsageError(f"gguf:{p.file_type}{' with an importance matrix' if w else ''} takes llama.cpp's "
+                                 f"encoder ({', '.join(odd)}), and llama-cpp-python is not installed"
+                                 f"{' or MREG_GGUF_QUANTIZER=numpy' if os.environ.get('MREG_GGUF_QUANTIZER') else ''}",
+                                 hint="pip install 'mreg[gguf]' (llama-cpp-python), and unset MREG_GGUF_QUANTIZER")
 
 
 class GGUFConverter(ConverterBase):
@@ -206,18 +259,22 @@ class GGUFConverter(ConverterBase):
     name: ClassVar[str] = "mreg.gguf"
     #: Part of the conversion key: raised when what a conversion checks changes, so older results are made again.
     #: 2: NaN/Inf in the source, as written and in the logits fail; config sizes planned against the headers.
-    #: 3: the weights' bytes are recorded (serving-memory plans).
+    #: 3: the weights' bytes are recorded (serving-memory plans); importance matrices (the calibration text's
+    #: digest and chunking in the options), the IQ types.
     version: ClassVar[str] = "3"
 
     def options(self, raw: RawOptions) -> Options:
         """`{"spec": "Q4_K_M"}` -> `{"type": "Q4_K_M"}` (F16 when no type is given); `auto,kl=0.02` -> the type,
-        the budget and the candidates; `evaluation=` / `tokens=` -> the evaluation text, hashed."""
+        the budget and the candidates; `evaluation=` / `tokens=` -> the evaluation text, hashed;
+        `calibration=PATH` / `imatrix=PATH` (what --calibration folds into the spec) -> the text's or the file's
+        digest and chunking (see imatrix.options)."""
         spec = spec_of("gguf", raw, hint="use --to gguf:Q4_K_M") or DEFAULT_TYPE
         head, *rest = [part.strip() for part in spec.split(",")]
         qtype = head.upper()
         budget: list[str] = []
         text: str | None = None
         tokens: str | None = None
+        importance: dict[str, str] = {}
         for part in rest:
             key, _, value = part.partition("=")
             if key == "evaluation" and value:
@@ -226,11 +283,18 @@ class GGUFConverter(ConverterBase):
                 tokens = value
             elif key in quality.KEYS:
                 budget.append(part)
-            else:
+            elif key in ("calibration", "calibration-ctx", "imatrix"):
+                importance[key] = value
+            elif part:
                 raise UsageError(f"--to gguf:{spec}: cannot read {part!r}",
-                                 hint="options are evaluation=default|FILE, tokens=N and, with auto, a budget "
+                                 hint="options are evaluation=default|FILE, tokens=N, calibration=FILE|default, "
+                                      "calibration-ctx=N, imatrix=FILE and, with auto, a budget "
                                       "(kl=0.02, kl99=0.2, top1=0.9, ppl=1.02)")
         if qtype == "AUTO":
+            if importance:
+                raise UsageError("gguf:auto chooses among the types that need no importance matrix; it does not "
+                                 "take --calibration or --imatrix yet",
+                                 hint="name the type (--to gguf:IQ4_XS --calibration default), or drop the matrix")
             try:
                 wanted = quality.parse("gguf:" + ",".join(budget)) if budget else dict(auto.DEFAULT_BUDGET)
             except UsageError as e:
@@ -243,7 +307,7 @@ class GGUFConverter(ConverterBase):
         if budget:
             raise UsageError(f"a budget ({', '.join(budget)}) chooses a type: it goes with gguf:auto, not {qtype}",
                              hint=f"use --to gguf:auto --budget {','.join(budget)}, or drop the budget")
-        out: Options = {"type": qtype}
+        out: Options = {"type": qtype, **imatrix.options(qtype, importance)}
         if text is not None or tokens is not None:
             out["evaluation"] = texts.option(text or "default", tokens)
         return out
@@ -295,19 +359,26 @@ class GGUFConverter(ConverterBase):
         # The model's name in the store, so the engine's path is the same from one version to the next.
         base = first.name or first.source.repo.rstrip("/").split("/")[-1] or "model"
         types = [r.options["type"] for r in requests]  # distinct: registry.convert.execute refuses a target given twice
-        planned = plans(directory, shards, types, base)
+        weighted = [bool(r.options.get("calibration") or r.options.get("imatrix")) for r in requests]
+        planned = plans(directory, shards, types, base, has_imatrix=weighted)
+        _refuse_unencodable(planned, weighted)
+        made = self._importance(requests, directory, base, planned[0])
+        imps = [made[0] if w and made else None for w in weighted]
+        if made:  # llama-quantize records the importance matrix in keys it appends
+            planned = [replace(p, metadata=[*p.metadata, *made[1]]) if w else p
+                       for p, w in zip(planned, weighted, strict=True)]
         dests = [r.workdir / f"{base}-{t}.gguf" for r, t in zip(requests, types, strict=True)]
         reader = SafetensorsReader()
         size = sum(i.nbytes for p in planned for i in p.infos)
         first.progress.start(", ".join(d.name for d in dests), size)
         t0 = time.monotonic()
         try:
-            written = write(planned, dests, reader, max(1, os.cpu_count() or 1), first.progress)
+            written = write(planned, dests, reader, max(1, os.cpu_count() or 1), first.progress, imps)
         finally:
             reader.close()
             first.progress.done()
         write_s = time.monotonic() - t0
-        results = []
+        results: list[ConversionResult] = []
         # Several types of one source share the reference forward pass: the first file's check saves it.
         cache = directory / ".mreg-reference.npz" if len(planned) > 1 else None
         for r, p, dest, (digest, encoded) in zip(requests, planned, dests, written, strict=True):
@@ -318,7 +389,12 @@ class GGUFConverter(ConverterBase):
                        "verify_seconds": round(time.monotonic() - t1, 3)}
             if len(planned) > 1:
                 metrics["files_written_together"] = float(len(planned))
-            results.append(self._result(p, dest, digest, encoded, verification.model_copy(update={"metrics": metrics})))
+            record = made[2] if made and weighted[len(results)] else None
+            results.append(self._result(p, dest, digest, encoded, verification.model_copy(update={"metrics": metrics}),
+                                        record))
+        if made:  # the importance matrix belongs to the first file made with it (each file is one artifact's)
+            at = weighted.index(True)
+            results[at].known_digests[made[2].file] = made[2].sha256
         return results
 
     def _auto(self, request: ConversionRequest, directory: Path) -> ConversionResult:
@@ -394,8 +470,54 @@ class GGUFConverter(ConverterBase):
         return dataclasses.replace(result, requirements=result.requirements.model_copy(update={"selection": selection}))
 
     @staticmethod
+    def _importance(requests: Sequence[ConversionRequest], directory: Path, base: str,
+                    p: GGUFPlan) -> tuple[imatrix.Importance, list[tuple[str, Any]], GGUFImportance] | None:
+        """The importance matrix the requests name (computed, or the given file copied in), read back and checked."""
+        wanted = {json.dumps({k: r.options[k] for k in ("calibration", "imatrix") if k in r.options}, sort_keys=True)
+                  for r in requests if r.options.get("calibration") or r.options.get("imatrix")}
+        if not wanted:
+            return None
+        if len(wanted) > 1:
+            raise UsageError("the GGUF targets of one conversion name different importance matrices",
+                             hint="give --calibration or --imatrix once; it applies to every gguf target")
+        chosen = json.loads(wanted.pop())
+        workdir = requests[0].workdir
+        t0 = time.monotonic()
+        if "calibration" in chosen:
+            cal = chosen["calibration"]
+            dest = workdir / f"{base}.imatrix.gguf"
+            progress = requests[0].progress
+            progress.start(f"importance matrix on {cal['name']}", None, unit="step")
+            computed = imatrix.compute(directory, imatrix.path_of(cal["sha256"]), dest, cal["chunk_size"], cal["name"])
+            progress.done()
+            imp = imatrix.read(dest)
+            record = GGUFImportance(file=dest.name, sha256=computed.sha256, made_by="mreg", dataset=cal["name"],
+                                    dataset_sha256=cal["sha256"], tokens=computed.tokens, chunks=computed.chunks,
+                                    chunk_size=cal["chunk_size"], entries=len(imp.sums),
+                                    seconds=round(time.monotonic() - t0, 3))
+        else:
+            given = chosen["imatrix"]
+            source = imatrix.path_of(given["sha256"])
+            with open(source, "rb") as f:
+                gguf_format = f.read(4) == b"GGUF"
+            dest = workdir / (f"{base}.imatrix.gguf" if gguf_format else f"{base}.imatrix.dat")
+            shutil.copyfile(source, dest)
+            imp = imatrix.read(dest)
+            record = GGUFImportance(file=dest.name, sha256=imatrix.sha256_of(dest), made_by="llama-imatrix",
+                                    dataset=imp.datasets[0] if imp.datasets else None, chunks=imp.chunk_count,
+                                    chunk_size=imp.chunk_size, entries=len(imp.sums), seconds=0.0)
+        imatrix.check_fits(imp, p.model, record.file)
+        info: list[tuple[str, Any]] = [("quantize.imatrix.file", record.file)]
+        if record.dataset:
+            info.append(("quantize.imatrix.dataset", record.dataset))
+        info.append(("quantize.imatrix.entries_count", len(imp.sums)))
+        if imp.chunk_count > 0:
+            info.append(("quantize.imatrix.chunks_count", imp.chunk_count))
+        return imp, info, record
+
+    @staticmethod
     def _result(p: GGUFPlan, dest: Path, digest: str, encoded: list[EncodedTensor],
-                verification: Verification) -> ConversionResult:
+                verification: Verification, importance: GGUFImportance | None = None) -> ConversionResult:
         counts = Counter(e.info.qtype for e in encoded)
         requirements = GGUFRequirements(
             architecture=p.model.architecture,
@@ -403,6 +525,7 @@ class GGUFConverter(ConverterBase):
             tensor_types=dict(sorted(counts.items())),
             fallbacks={e.info.name: f"{e.choice.wanted}->{e.choice.qtype}: {e.choice.reason}"
                        for e in encoded if e.choice.wanted},
+            imatrix=importance,
         )
         encoders = sorted({backend(c.qtype) for c in p.choices})
         return ConversionResult(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +62,10 @@ def plan(directory: Path, safetensors: list[Path], file_type: str, name: str) ->
     return plans(directory, safetensors, [file_type], name)[0]
 
 
-def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], name: str) -> list[GGUFPlan]:
-    """One plan per type; config, headers and tokenizer are read once for all of them."""
+def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], name: str,
+          has_imatrix: Sequence[bool] = ()) -> list[GGUFPlan]:
+    """One plan per type; config, headers and tokenizer are read once for all of them; `has_imatrix` per type:
+    whether it is quantized with an importance matrix (some of llama.cpp's rules change with one)."""
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise UnsupportedModel("the snapshot has no config.json", hint="GGUF needs the model's config.json")
@@ -80,8 +82,8 @@ def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], n
     mix = MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b,
                     n_expert=n_experts(model.config))
     out = []
-    for file_type in file_types:
-        choices = choose_types(file_type, shapes, mix)
+    for file_type, weighted in zip(file_types, list(has_imatrix) or [False] * len(file_types), strict=True):
+        choices = choose_types(file_type, shapes, replace(mix, has_imatrix=weighted))
         metadata = [*model.metadata[:3], ("general.file_type", FILE_TYPES[file_type][1]),
                     ("general.quantization_version", QUANTIZATION_VERSION), *model.metadata[3:], *vocab.metadata()]
         out.append(GGUFPlan(file_type, model, vocab, choices, _tensor_infos(model, choices, file_type), metadata))

@@ -16,7 +16,7 @@ import json
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,6 +293,8 @@ class _Weights:
         self.files = SafetensorsReader()  # one descriptor per shard
         self.pool = pool
         self.local = threading.local()
+        #: Called with each matrix's name and its input before it is multiplied (importance matrices).
+        self.observe: Callable[[str, Floats], None] | None = None
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
@@ -339,6 +341,9 @@ class _Weights:
 
     def linear(self, x: Floats, *names: str) -> list[Floats]:
         """x @ W.T (+ bias) for each named matrix, W streamed in row blocks spread over the pool."""
+        if self.observe is not None:
+            for n in names:
+                self.observe(n + ".weight", x)
         xt = np.ascontiguousarray(x.T)
         mats = [self._tensor(n + ".weight") for n in names]
         # Transposed outputs: each block's product lands in contiguous rows, written in place.
@@ -488,28 +493,57 @@ def reference_logits(directory: Path, ids: list[int], workers: int | None = None
     The blocks run on `workers` threads: the caller should hold BLAS to one thread of its own
     (OPENBLAS_NUM_THREADS=1, as the verification child's environment does), or it is many times slower.
     """
-    s = _hyperparameters(json.loads((directory / "config.json").read_text()), len(ids))
+    (logits,) = forward(directory, [ids], workers)
+    return logits
+
+
+def forward(directory: Path, sequences: Iterable[list[int]], workers: int | None = None,
+            observe: Callable[[str, Floats], None] | None = None, head: bool = True) -> list[Floats]:
+    """The forward pass of each sequence in turn, on one opening of the weights; `observe` sees every matrix's
+    input (its name in the checkpoint, the activations); without `head`, no logits are computed (an empty list)."""
+    config = json.loads((directory / "config.json").read_text())
+    out: list[Floats] = []
     with ThreadPoolExecutor(max(1, workers or os.cpu_count() or 1)) as pool:
-        w = _Weights(directory, pool)
+        w: _Weights | None = None
         try:
-            x = w.rows("model.embed_tokens.weight", ids)
-            if s.gemma:
-                x = x * np.float32(math.sqrt(x.shape[-1]))
-            n = len(ids)
-            if s.gemma:  # the window only on the sliding layers; Gemma 3's have their own rope base
-                local = s.local_rope or (s.inv_freq, s.rope_gain)
-                ropes = {True: _positions(s, n, *local, s.window),
-                         False: _positions(s, n, s.inv_freq, s.rope_gain, None)}
-                layer_ropes = [ropes[i < len(s.sliding) and s.sliding[i]] for i in range(s.layers)]
-            else:
-                layer_ropes = [_positions(s, n, s.inv_freq, s.rope_gain, s.window)] * s.layers
-            for i in range(s.layers):
-                x = _layer(w, s, i, x, layer_ropes[i])
-            x = _norm(w, s, x, "model.norm.weight")
-            head = "model.embed_tokens" if s.tied or "lm_head.weight" not in w else "lm_head"
-            logits = w.linear(x, head)[0]
-            if s.final_softcap:
-                logits = np.tanh(logits / np.float32(s.final_softcap)) * np.float32(s.final_softcap)
-            return logits
+            for ids in sequences:
+                s = _hyperparameters(config, len(ids))
+                if w is None:
+                    w = _Weights(directory, pool)
+                    w.observe = observe
+                logits = _sequence(w, s, ids, head)
+                if head:
+                    out.append(logits)
         finally:
-            w.close()
+            if w is not None:
+                w.close()
+    return out
+
+
+def _sequence(w: _Weights, s: Hyperparameters, ids: list[int], head: bool) -> Floats:
+    """One sequence through every layer, one layer at a time; its logits when `head`, else its final states."""
+    x = w.rows("model.embed_tokens.weight", ids)
+    if s.gemma:
+        x = x * np.float32(math.sqrt(x.shape[-1]))
+    n = len(ids)
+    if s.gemma:  # the window only on the sliding layers; Gemma 3's have their own rope base
+        local = s.local_rope or (s.inv_freq, s.rope_gain)
+        ropes = {True: _positions(s, n, *local, s.window),
+                 False: _positions(s, n, s.inv_freq, s.rope_gain, None)}
+        layer_ropes = [ropes[i < len(s.sliding) and s.sliding[i]] for i in range(s.layers)]
+    else:
+        layer_ropes = [_positions(s, n, s.inv_freq, s.rope_gain, s.window)] * s.layers
+    for i in range(s.layers):
+        x = _layer(w, s, i, x, layer_ropes[i])
+    if not head:
+        return x
+    x = _norm(w, s, x, "model.norm.weight")
+    name = "model.embed_tokens" if s.tied or "lm_head.weight" not in w else "lm_head"
+    observe, w.observe = w.observe, None  # the output matrix is not part of an importance matrix (llama-imatrix's)
+    try:
+        logits = w.linear(x, name)[0]
+    finally:
+        w.observe = observe
+    if s.final_softcap:
+        logits = np.tanh(logits / np.float32(s.final_softcap)) * np.float32(s.final_softcap)
+    return logits

@@ -34,9 +34,15 @@ if TYPE_CHECKING:
     from gguf import GGUFReader
 
 
-#: Largest relative RMS error of a tensor's encoding (measured on Gaussian weights, with margin).
+#: Largest relative RMS error of a tensor's encoding (measured on Gaussian weights, with margin). The error is
+#: unweighted: with an importance matrix the encoder trades error in unimportant columns for error in important
+#: ones, so the IQ bounds are about twice what Gaussian rows measure under a skewed importance (Gamma(0.5)
+#: weights: IQ4_XS 0.08, IQ3_S 0.16, IQ3_XXS 0.25, IQ2_S 0.29, IQ2_XS 0.38, IQ2_XXS 0.48, IQ1_M 0.54, IQ1_S 0.56).
+#: They are integrity bounds: a wrong encoding (bytes of another type, a lost scale) measures 1 or more.
 ERROR_BOUND = {"F32": 0.0, "F16": 1e-3, "BF16": 8e-3, "Q8_0": 0.02, "Q6_K": 0.05, "Q5_0": 0.08, "Q5_1": 0.08,
-               "Q5_K": 0.08, "Q4_0": 0.16, "Q4_1": 0.16, "Q4_K": 0.16, "Q3_K": 0.3, "Q2_K": 0.6}
+               "Q5_K": 0.08, "Q4_0": 0.16, "Q4_1": 0.16, "Q4_K": 0.16, "Q3_K": 0.3, "Q2_K": 0.6,
+               "IQ4_NL": 0.16, "IQ4_XS": 0.16, "IQ3_S": 0.32, "IQ3_XXS": 0.5, "IQ2_S": 0.6, "IQ2_XS": 0.8,
+               "IQ2_XXS": 0.95, "IQ1_M": 1.1, "IQ1_S": 1.1}
 #: Integrity of the lossless and near-lossless types: llama.cpp running the file must compute what the source
 #: computes. Largest max |logit difference| over all positions relative to the reference logits' std (a sanity
 #: bound: llama.cpp keeps its KV cache in F16), and largest mean KL divergence (nats) of llama.cpp's next-token
@@ -49,7 +55,12 @@ LOGITS_KL = {"F32": 1e-4, "F16": 1e-3, "BF16": 2e-3}
 #: own measurements: Q8_0 about 1e-3, Q4_K_M a few 1e-2). `promote --require gguf:quality` enforces them;
 #: `--require gguf:kl=0.02` a budget of one's own. The file's integrity is its tensors' encoding error (below).
 KL_BUDGET = {"Q8_0": 5e-3, "Q6_K": 0.02, "Q5_K_M": 0.04, "Q5_K_S": 0.04, "Q5_0": 0.05, "Q5_1": 0.05, "Q4_K_M": 0.1,
-             "Q4_K_S": 0.1, "Q4_0": 0.15, "Q4_1": 0.15, "Q3_K_M": 0.3, "Q3_K_S": 0.4, "Q2_K": 1.0}
+             "Q4_K_S": 0.1, "Q4_0": 0.15, "Q4_1": 0.15, "Q3_K_L": 0.25, "Q3_K_M": 0.3, "Q3_K_S": 0.4, "Q2_K": 1.0,
+             "Q2_K_S": 1.2,
+             # The IQ types, placed by bits per weight between the K-quants' budgets (mreg's choice: llama.cpp
+             # publishes no per-type KL targets); the 1- and 2-bit ones assume an importance matrix.
+             "IQ4_XS": 0.1, "IQ4_NL": 0.1, "IQ3_M": 0.3, "IQ3_S": 0.3, "IQ3_XS": 0.35, "IQ3_XXS": 0.4, "IQ2_M": 0.6,
+             "IQ2_S": 0.8, "IQ2_XS": 0.9, "IQ2_XXS": 1.0, "IQ1_M": 1.5, "IQ1_S": 2.0}
 TEST_STRINGS = (
     "Hello world! How are you today?",
     "The quick brown fox jumps over the lazy dog.",

@@ -28,17 +28,23 @@ def _tensorrt_tokens(backend: str | None, target: str | None, shapes: str | None
         f"precision={precision}" if precision else "") if t]
 
 
-def _gguf_tokens(budget: str | None, evaluation: str | None, eval_tokens: int | None) -> list[str]:
-    """--budget/--evaluation/--eval-tokens as `--to gguf:` spec tokens (a comma would split a path: refused)."""
+def _gguf_tokens(budget: str | None, evaluation: str | None, eval_tokens: int | None, calibration: str | None,
+                 ctx: int | None, imatrix_file: str | None) -> list[str]:
+    """--budget/--evaluation/--eval-tokens/--calibration/--calibration-ctx/--imatrix as `--to gguf:` spec tokens (a
+    comma would split a path: refused)."""
     from registry.errors import UsageError
 
-    if evaluation and "," in evaluation:
-        raise UsageError(f"--evaluation {evaluation}: a path with a comma cannot be given",
-                         hint="rename or link the file to a path without commas")
+    for flag, value in (("--evaluation", evaluation), ("--calibration", calibration), ("--imatrix", imatrix_file)):
+        if value and "," in value:
+            raise UsageError(f"{flag} {value}: a path with a comma cannot be given",
+                             hint="rename or link the file to a path without commas")
     return [t for t in (
         *(x.strip() for x in (budget or "").split(",") if x.strip()),
         f"evaluation={evaluation}" if evaluation else "",
-        f"tokens={eval_tokens}" if eval_tokens is not None else "") if t]
+        f"tokens={eval_tokens}" if eval_tokens is not None else "",
+        f"calibration={calibration}" if calibration else "",
+        f"calibration-ctx={ctx}" if ctx is not None else "",
+        f"imatrix={imatrix_file}" if imatrix_file else "") if t]
 
 
 @click.command("convert")
@@ -59,6 +65,11 @@ def _gguf_tokens(budget: str | None, evaluation: str | None, eval_tokens: int | 
 @click.option("--evaluation", metavar="FILE|default",
               help="GGUF: measure quality on this text (default for gguf:auto: the shipped one) instead of a prompt.")
 @click.option("--eval-tokens", type=int, metavar="N", help="GGUF: evaluate the text's first N tokens (default 1024).")
+@click.option("--calibration", metavar="FILE|default",
+              help="GGUF: compute an importance matrix on this text ('default': the one mreg ships), quantize with it.")
+@click.option("--calibration-ctx", type=int, metavar="N", help="GGUF: tokens per calibration chunk (default 512).")
+@click.option("--imatrix", "imatrix_file", metavar="FILE",
+              help="GGUF: quantize with this importance matrix made by llama-imatrix (.gguf or .dat).")
 @config_option
 @cache_option
 @store_option
@@ -66,7 +77,8 @@ def _gguf_tokens(budget: str | None, evaluation: str | None, eval_tokens: int | 
 @json_option
 def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: bool, backend: str | None,
                 trt_target: str | None, shapes: str | None, precision: str | None, budget: str | None,
-                evaluation: str | None, eval_tokens: int | None, config_path: str | None,
+                evaluation: str | None, eval_tokens: int | None, calibration: str | None,
+                calibration_ctx: int | None, imatrix_file: str | None, config_path: str | None,
                 cache_dir: str | None, store: str | None, include: tuple[str, ...], exclude: tuple[str, ...],
                 allow_pickle: bool, offline: bool, endpoint: str | None, insecure: bool, as_json: bool) -> None:
     """Convert a source (pulled into the cache first if needed) into a new, verified version.
@@ -81,8 +93,9 @@ def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: b
     parsed = with_spec_flags([parse_target(t) for t in targets], "tensorrt",
                              _tensorrt_tokens(backend, trt_target, shapes, precision),
                              "--backend, --target, --shapes and --precision")
-    parsed = with_spec_flags(parsed, "gguf", _gguf_tokens(budget, evaluation, eval_tokens),
-                             "--budget, --evaluation and --eval-tokens")
+    parsed = with_spec_flags(parsed, "gguf", _gguf_tokens(budget, evaluation, eval_tokens, calibration,
+                                                          calibration_ctx, imatrix_file),
+                             "--budget, --evaluation, --eval-tokens, --calibration, --calibration-ctx and --imatrix")
     api.check_targets(parsed)  # bad targets or options are refused before any download
     settings = settings_for(config_path, cache_dir, store)
     st = local_store(settings)

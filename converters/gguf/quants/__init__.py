@@ -11,6 +11,10 @@ the 256-element super-block K-quants in `converters.gguf.quants.kquants`.
 numpy runs the K-quant searches several times slower than C. When llama-cpp-python is
 installed, `quantize` therefore calls llama.cpp's own `ggml_quantize_chunk` for the block types
 (the tests hold both implementations to the same bytes); `MREG_GGUF_QUANTIZER=numpy` forces numpy.
+
+With an importance matrix (a weight per input column, llama.cpp's `quant_weights`) and for the
+IQ types (whose lattice searches mreg does not reimplement) only llama.cpp's encoder is used:
+`needs_ggml` says so, and the converter refuses such work, naming llama-cpp-python, where it is absent.
 """
 
 from __future__ import annotations
@@ -43,7 +47,15 @@ from converters.gguf.quants.blocks import (
 )
 from converters.gguf.quants.kquants import q2_k, q3_k, q4_k, q5_k, q6_k
 
-__all__ = ["BLOCK", "Bytes", "Floats", "backend", "encoder", "nonfinite", "quantize", "row_bytes"]
+__all__ = ["BLOCK", "NUMPY_TYPES", "Bytes", "Floats", "backend", "encoder", "ggml_available", "needs_ggml",
+           "nonfinite", "quantize", "row_bytes"]
+
+#: The types mreg's numpy encoders write (the IQ types are llama.cpp's alone).
+NUMPY_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+#: Types ggml_quantize_chunk aborts on (GGML_ASSERT) without an importance matrix.
+_GGML_NEEDS_IMATRIX = ("IQ2_XXS", "IQ2_XS", "IQ1_S")
+#: Types whose encoders ignore importance weights (floats; Q8_0's quantize_q8_0 takes none).
+_UNWEIGHTED = ("F32", "F16", "BF16", "Q8_0")
 
 
 def encoder(qtype: str) -> Callable[[Floats], Bytes]:
@@ -89,6 +101,16 @@ def _ggml_cpu_converter(qtype: str) -> Callable[..., None] | None:
     return fn  # type: ignore[no-any-return]
 
 
+def ggml_available() -> bool:
+    """Whether llama.cpp's encoder is here (and not turned off by MREG_GGUF_QUANTIZER=numpy)."""
+    return _ggml_quantize_chunk() is not None
+
+
+def needs_ggml(qtype: str, weighted: bool) -> bool:
+    """Whether encoding `qtype` (with importance weights or not) takes llama.cpp's encoder."""
+    return (weighted and qtype not in _UNWEIGHTED) or qtype not in NUMPY_TYPES
+
+
 def backend(qtype: str) -> str:
     """Which implementation encodes `qtype` here: "numpy", or "ggml" (the same bytes, from C, in parallel)."""
     # F16 and BF16 too: ggml-cpu's converters use the CPU's conversion instructions (0.09 ns per value
@@ -96,14 +118,25 @@ def backend(qtype: str) -> str:
     return "ggml" if qtype != "F32" and _ggml_quantize_chunk() is not None else "numpy"
 
 
-def quantize(rows: Floats, qtype: str, use: str | None = None) -> Bytes:
-    """Encode float32 rows (nrows, ncols) as `qtype`; ncols must be a multiple of the block size."""
+def quantize(rows: Floats, qtype: str, use: str | None = None, importance: Floats | None = None) -> Bytes:
+    """Encode float32 rows (nrows, ncols) as `qtype`; ncols must be a multiple of the block size.
+
+    `importance`: one weight per column (an importance matrix's mean squared activation, as
+    llama.cpp's quantizer hands it to ggml_quantize_chunk); llama.cpp's encoder only.
+    """
     block, size = BLOCK[qtype]
     nrows, ncols = rows.shape
     if ncols % block:
         raise ValueError(f"{qtype} needs rows of a multiple of {block} elements, got {ncols}")
     rows = np.ascontiguousarray(rows, dtype=F32)
+    if importance is not None and qtype in _UNWEIGHTED:
+        importance = None  # llama.cpp reads no weights for these
     engine = use or backend(qtype)
+    if needs_ggml(qtype, importance is not None) and engine != "ggml":
+        raise ValueError(f"{qtype}{' with an importance matrix' if importance is not None else ''} is encoded by "
+                         "llama.cpp only (install llama-cpp-python)")
+    if importance is None and qtype in _GGML_NEEDS_IMATRIX:
+        raise ValueError(f"{qtype} needs an importance matrix (llama.cpp aborts without one)")
     if engine == "ggml" and qtype in ("F16", "BF16") and (convert := _ggml_cpu_converter(qtype)):
         halves = np.empty((nrows, ncols), dtype=np.uint16)
         convert(rows.ctypes.data, halves.ctypes.data, rows.size)  # ctypes releases the GIL here too
@@ -113,7 +146,13 @@ def quantize(rows: Floats, qtype: str, use: str | None = None) -> Bytes:
         assert fn is not None
         out = np.empty((nrows, ncols // block * size), dtype=np.uint8)
         # ctypes releases the GIL for the call: the encoding threads really run in parallel.
-        fn(GGML_TYPES[qtype], rows.ctypes.data, out.ctypes.data, 0, nrows, ncols, None)
+        weights = None
+        if importance is not None:
+            weights = np.ascontiguousarray(importance, dtype=F32)
+            if weights.shape != (ncols,):
+                raise ValueError(f"importance of shape {weights.shape} for rows of {ncols} columns")
+        fn(GGML_TYPES[qtype], rows.ctypes.data, out.ctypes.data, 0, nrows, ncols,
+           None if weights is None else weights.ctypes.data)
         return out
     with np.errstate(all="ignore"):
         encoded = encoder(qtype)(rows.reshape(-1, block))

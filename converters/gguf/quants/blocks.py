@@ -24,6 +24,9 @@ BLOCK: dict[str, tuple[int, int]] = {
     "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2),
     "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
     "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+    # The IQ types (llama.cpp encodes them; mreg has no numpy encoder of its own for these).
+    "IQ1_S": (256, 50), "IQ1_M": (256, 56), "IQ2_XXS": (256, 66), "IQ2_XS": (256, 74), "IQ2_S": (256, 82),
+    "IQ3_XXS": (256, 98), "IQ3_S": (256, 110), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136),
 }
 
 
@@ -32,7 +35,11 @@ BLOCK: dict[str, tuple[int, int]] = {
 HALF_FIELDS: dict[str, tuple[int, ...]] = {
     "F16": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
     "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+    "IQ1_S": (0,), "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
 }
+#: IQ1_M has no half field: its block scale is a half spread over the top nibbles of its four u16 scales (at 48).
+_IQ1_M_SCALES = 48
 
 
 def nonfinite(data: Bytes, qtype: str) -> int:
@@ -41,8 +48,12 @@ def nonfinite(data: Bytes, qtype: str) -> int:
     blocks = np.ascontiguousarray(data).view(np.uint8).reshape(-1, size)
     if qtype == "F32":
         return int(np.count_nonzero(~np.isfinite(blocks.view("<f4"))))
-    exponent, fields = (0x7F80, (0,)) if qtype == "BF16" else (0x7C00, HALF_FIELDS[qtype])
+    exponent, fields = (0x7F80, (0,)) if qtype == "BF16" else (0x7C00, HALF_FIELDS.get(qtype, ()))
     bad = np.zeros(len(blocks), dtype=bool)
+    if qtype == "IQ1_M":
+        sc = np.ascontiguousarray(blocks[:, _IQ1_M_SCALES:_IQ1_M_SCALES + 8]).view("<u2")
+        half = (sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & 0x00F0) | ((sc[:, 2] >> 4) & 0x0F00) | (sc[:, 3] & 0xF000)
+        bad |= (half & exponent) == exponent
     for at in fields:
         half = np.ascontiguousarray(blocks[:, at:at + 2]).view("<u2")[:, 0]
         bad |= (half & exponent) == exponent

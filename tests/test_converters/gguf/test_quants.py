@@ -15,13 +15,15 @@ from converters.gguf.file import GGML_TYPES
 from converters.gguf.mix import FILE_TYPES
 from converters.gguf.model import SafetensorsReader
 from converters.gguf.plan import plan
-from converters.gguf.quants import BLOCK, nonfinite, quantize
+from converters.gguf.quants import BLOCK, NUMPY_TYPES, nonfinite, quantize
 from converters.gguf.quants.blocks import HALF_FIELDS
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is in the test extra")
 gguf = pytest.importorskip("gguf")
 
-BLOCK_TYPES = [t for t in BLOCK if t != "F32"]
+BLOCK_TYPES = [t for t in NUMPY_TYPES if t != "F32"]
+#: llama.cpp's IQ types, which mreg encodes with llama.cpp's encoder only.
+IQ_TYPES = [t for t in BLOCK if t not in NUMPY_TYPES]
 
 
 def _ggml() -> Any:
@@ -76,17 +78,27 @@ def test_block_encoder_is_byte_identical_to_ggml(qtype: str) -> None:
         assert bad.size == 0, f"{qtype} on {name}: rows {bad[:5]} differ"
 
 
-@pytest.mark.parametrize("qtype", BLOCK_TYPES)
-def test_nonfinite_reads_the_fields_gguf_decodes_through(qtype: str) -> None:
+@pytest.mark.parametrize("qtype", BLOCK_TYPES + IQ_TYPES)
+def test_nonfinite_reads_the_fields_gguf_decodes_through(qtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An Inf in one half field of block 1 makes gguf's dequantizer give NaN/Inf for that block alone, and the same
-    bytes anywhere else in it nothing: the fields `nonfinite` reads are those, and all those, that can decode so."""
+    bytes anywhere else in it nothing: the fields `nonfinite` reads are those, and all those, that can decode so
+    (IQ1_M's scale is a half spread over four fields' top nibbles: its bytes 49, 51, 53 and 55)."""
     block, size = BLOCK[qtype]
-    data = quantize((np.random.default_rng(3).standard_normal((1, 4 * max(block, 32))) * 0.02).astype(np.float32),
-                    qtype)
+    x = (np.random.default_rng(3).standard_normal((1, 4 * max(block, 32))) * 0.02).astype(np.float32)
+    iq = qtype in IQ_TYPES
+    if iq:  # llama.cpp's encoder (with an importance matrix: some IQ types take none without one)
+        from converters.gguf import quants as gguf_quants
+
+        monkeypatch.setenv("MREG_GGUF_QUANTIZER", "auto")
+        gguf_quants._ggml_quantize_chunk.cache_clear()
+        data = quantize(x, qtype, importance=np.ones(x.shape[1], np.float32))
+        gguf_quants._ggml_quantize_chunk.cache_clear()
+    else:
+        data = quantize(x, qtype)
     assert nonfinite(data, qtype) == 0
     inf = b"\x80\x7f" if qtype == "BF16" else np.float16(np.inf).tobytes()
     fields = HALF_FIELDS.get(qtype, (0,))
-    for at in range(0, size - 1, 2):  # (ggml's half fields are 2-byte aligned)
+    for at in range(0, size - 1, 2) if qtype != "IQ1_M" else ():  # (ggml's half fields are 2-byte aligned)
         bad = data.copy().reshape(-1, size)
         bad[1, at:at + 2] = np.frombuffer(inf, np.uint8)
         with np.errstate(all="ignore"):
@@ -95,6 +107,15 @@ def test_nonfinite_reads_the_fields_gguf_decodes_through(qtype: str) -> None:
         expected[1] = block if at in fields else 0
         assert (~np.isfinite(back)).sum(axis=1).tolist() == expected, f"{qtype}: bytes {at}-{at + 1}"
         assert nonfinite(bad, qtype) == expected[1], f"{qtype}: bytes {at}-{at + 1}"
+    if qtype == "IQ1_M":
+        # The half's exponent (bits 10-14) is the 3rd scale field's top two bits and the 4th's next three.
+        bad = data.copy().reshape(-1, size)
+        bad[1, 53] |= 0xC0
+        bad[1, 55] |= 0x70
+        with np.errstate(all="ignore"):
+            back = gguf.quants.dequantize(bad.reshape(data.shape), gguf.GGMLQuantizationType[qtype]).reshape(-1, block)
+        assert (~np.isfinite(back)).sum(axis=1).tolist() == [0, block, 0, 0]
+        assert nonfinite(bad, qtype) == block
 
 
 def test_fast_path_is_llama_cpp_and_gives_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,7 +173,10 @@ def reference_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
     return out
 
 
-QUANT_FILE_TYPES = [t for t in FILE_TYPES if t not in ("F32", "F16", "BF16")]
+#: The file types llama.cpp writes without an importance matrix and mreg's numpy encoders can write (the others
+#: are compared with llama.cpp in test_imatrix.py, with one).
+QUANT_FILE_TYPES = [t for t, (base, _) in FILE_TYPES.items()
+                    if base in NUMPY_TYPES and t not in ("F32", "F16", "BF16", "Q2_K_S")]
 
 
 @pytest.mark.parametrize("file_type", QUANT_FILE_TYPES)
