@@ -8,7 +8,9 @@ becomes visible.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -21,6 +23,8 @@ from registry.digest import write_hashed
 from registry.errors import IntegrityError
 from registry.progress import NoProgress, Progress
 
+#: Files fetched at once.
+FETCH_THREADS = 4
 
 @dataclass(frozen=True)
 class IncomingFile:
@@ -54,12 +58,21 @@ def import_files(cache: Path, repo: str, commit: str, requested: str, files: Seq
                                  include=include, exclude=exclude, allow_pickle=allow_pickle, present=present), cache)
     atomic.sweep(blobs, "tmp")
     progress.start(f"pulling {requested}", plan.missing_bytes)
-    done: list[SourceFile] = []
-    for rf in plan.selected:
-        f = by_path[rf.path]
-        if rf.path not in present:
-            _fetch(cache, blobs, f, progress)
-        done.append(SourceFile(path=f.path, size=f.size, sha256=f.sha256, lfs=True))
+    # Several layers at once (sockets, file writes and SHA-256 release the GIL), as skopeo does: one stream is
+    # bound by one core's hashing and the registry's per-request latency.
+    lock = threading.Lock()
+
+    def advance(n: int) -> None:
+        with lock:
+            progress.advance(n)
+
+    missing = list({by_path[rf.path].sha256: by_path[rf.path] for rf in plan.selected if rf.path not in present}
+                   .values())  # one fetch per blob, however many paths it has
+    with ThreadPoolExecutor(max_workers=max(1, min(FETCH_THREADS, len(missing)))) as pool:
+        for _ in pool.map(lambda f: _fetch(cache, blobs, f, advance), missing):
+            pass
+    done = [SourceFile(path=rf.path, size=by_path[rf.path].size, sha256=by_path[rf.path].sha256, lfs=True)
+            for rf in plan.selected]
     progress.done()
     snap = publish_snapshot(cache, repo, commit, done)
     record = PullRecord(source=SourceInfo(kind=kind, repo=repo, requested_revision=requested, commit=commit,
@@ -71,10 +84,10 @@ def import_files(cache: Path, repo: str, commit: str, requested: str, files: Seq
     return Snapshot(cache, record, snap, downloaded_bytes=plan.missing_bytes)
 
 
-def _fetch(cache: Path, blobs: Path, f: IncomingFile, progress: Progress) -> None:
+def _fetch(cache: Path, blobs: Path, f: IncomingFile, advance: Callable[[int], None]) -> None:
     tmp = atomic.temp_name(blobs / f.sha256)
     try:
-        actual = write_hashed(tmp, f.chunks(), progress.advance)
+        actual = write_hashed(tmp, f.chunks(), advance)
         if actual != f.sha256 or tmp.stat().st_size != f.size:
             raise IntegrityError(f"{f.path}: the bytes received hash to {actual[:12]}…, not {f.sha256[:12]}… as "
                                  "the manifest says; nothing was added to the cache",
