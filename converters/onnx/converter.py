@@ -183,10 +183,6 @@ class ONNXConverter(ConverterBase):
         task = ex.classify(config)
         if opts["with_past"] and task != "text-generation":
             raise ex.UnsupportedModel("with-past applies to decoder LLMs only", hint="drop with-past for an encoder")
-        if opts["with_past"] and config.get("model_type") in ex.NO_PAST_TYPES:
-            raise ex.UnsupportedModel(f"with-past is not supported for {config.get('model_type')}: "
-                                      f"{ex.NO_PAST_TYPES[config['model_type']]}",
-                                      hint="export logits only (--to onnx), or use --to gguf for a KV cache")
         progress = request.progress
         with _stage(progress, "loading the model"):
             # Every source value, not only those the probes reach (an unused embedding row, say).

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from converters.onnx import experts
 from converters.onnx.graph import MODEL_FILE, load_proto, save
 from converters.onnx.quiet import quiet
 from registry.errors import UsageError
@@ -37,19 +38,10 @@ OPSET = 18
 IN_MEMORY_MAX_BYTES = 1_800_000_000
 
 ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "electra", "mpnet"})
-DECODER_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"})
+DECODER_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text",
+                           "qwen3_moe", "qwen2_moe", "mixtral"})
 #: Decoders whose transformers modules have no SDPA path (Gemma 2's soft-capped attention): exported eager.
 EAGER_TYPES = frozenset({"gemma2"})
-#: Decoders exported for logits only: their sliding-window layers keep a cache of the window's length, which the
-#: traced graph fixes to the export's shapes (ONNX Runtime then refuses a longer past).
-NO_PAST_TYPES = {t: "the sliding-window layers' cache (transformers' hybrid cache) does not trace to a graph with a "
-                 "dynamic past length" for t in ("gemma2", "gemma3_text")}
-#: Decoders refused with the reason (measured with transformers 5 and torch 2.13's exporter).
-REFUSED_TYPES = {
-    "qwen3_moe": "the expert routing uses aten::histc, which the ONNX exporter cannot write (opset 18)",
-    "qwen2_moe": "the expert routing uses aten::histc, which the ONNX exporter cannot write (opset 18)",
-    "mixtral": "the expert routing uses aten::histc, which the ONNX exporter cannot write (opset 18)",
-}
 
 
 class UnsupportedModel(UsageError):
@@ -89,9 +81,6 @@ def classify(config: dict[str, Any]) -> Task:
         return "text-generation"
     if model_type in ENCODER_TYPES:
         return "feature-extraction"
-    if model_type in REFUSED_TYPES:
-        raise UnsupportedModel(f"model_type {model_type!r} is not supported by --to onnx: {REFUSED_TYPES[model_type]}",
-                               hint="convert it to GGUF (--to gguf:Q4_K_M) for llama.cpp, or serve the hf artifact")
     raise UnsupportedModel(
         f"model_type {model_type or '(none)'!r} is not supported by --to onnx",
         hint=f"supported: encoders {', '.join(sorted(ENCODER_TYPES))}; decoders {', '.join(sorted(DECODER_TYPES))}",
@@ -180,7 +169,7 @@ def _wrapper(model: Any, sig: Signature) -> Any:
 
             kwargs: dict[str, Any] = {"use_cache": bool(past)}
             if past:
-                cache = transformers.DynamicCache(config=self.model.config)
+                cache = transformers.DynamicCache()
                 for i in range(sig.layers):
                     cache.update(past[2 * i], past[2 * i + 1], i)
                 kwargs[kwarg] = cache
@@ -222,12 +211,13 @@ def _example(sig: Signature) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
 def export(model: Any, sig: Signature, dest: Path, exporter: Exporter) -> None:
     """Write `dest/model.onnx` + its data file, float32, with the chosen exporter."""
     if exporter == "torchscript":
-        _export_torchscript(model, sig, dest)
+        with experts.traceable(model):
+            _export_torchscript(model, sig, dest)
         return
     import torch
 
     args, dynamic = _example(sig)
-    with quiet(), torch.no_grad():
+    with quiet(), torch.no_grad(), experts.traceable(model):
         program = torch.onnx.export(
             _wrapper(model, sig), args, dynamo=True, input_names=list(sig.inputs), output_names=list(sig.outputs),
             dynamic_shapes=dynamic, opset_version=OPSET, optimize=False, verbose=False,

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from converters.hf.tokenizer import plain_greedy
-from converters.onnx.export import Signature, cache_of
+from converters.onnx.export import Signature, cache_kwarg, cache_of
 from converters.onnx.graph import MODEL_FILE
 from manifests import SourceInfo, Verification
 
@@ -138,7 +138,11 @@ def reference(model: Any, sig: Signature, probe: Probes) -> Outputs:
     outputs = []
     for case in probe.cases:
         # Encoders such as DistilBERT take no use_cache argument.
-        extra = {"use_cache": sig.with_past} if sig.task == "text-generation" else {}
+        extra: dict[str, Any] = {"use_cache": sig.with_past} if sig.task == "text-generation" else {}
+        if sig.with_past:
+            import transformers
+
+            extra[cache_kwarg(model)] = transformers.DynamicCache()
         with torch.no_grad():
             out = model(**{k: torch.from_numpy(v) for k, v in case.feeds.items()}, **extra)
         got = {sig.outputs[0]: (out.logits if sig.task == "text-generation" else out.last_hidden_state).numpy()}
