@@ -231,8 +231,8 @@ def test_a_model_over_the_in_memory_limit_goes_through_a_file(mreg: Any, bert: P
     from converters.onnx import export as onnx_export
 
     read_back: list[Path] = []
-    real_load = onnx_export.load_proto
-    monkeypatch.setattr(onnx_export, "load_proto", lambda src: read_back.append(src) or real_load(src))
+    real_rehome = onnx_export.rehome
+    monkeypatch.setattr(onnx_export, "rehome", lambda src, dest: read_back.append(src) or real_rehome(src, dest))
     first = convert(mreg, bert, "onnx", "mem")
     assert read_back == [], "in memory: nothing written and read back"
     monkeypatch.setattr(onnx_export, "IN_MEMORY_MAX_BYTES", 0)
