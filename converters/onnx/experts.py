@@ -61,6 +61,7 @@ def traceable(model: Any) -> Iterator[int]:
     many modules were swapped."""
     import torch
 
+    jit: Any = torch.jit  # (is_tracing is public, but untyped and not re-exported in the stubs)
     swapped = []
     for module in model.modules():
         if not _stacked(module):
@@ -68,7 +69,7 @@ def traceable(model: Any) -> Iterator[int]:
         own = module.forward
 
         def forward(hidden: Any, top_k_index: Any, top_k_weights: Any, _m: Any = module, _own: Any = own) -> Any:
-            if torch.jit.is_tracing() or torch.compiler.is_exporting():
+            if jit.is_tracing() or torch.compiler.is_exporting():
                 return _every_expert(_m, hidden, top_k_index, top_k_weights)
             return _own(hidden, top_k_index, top_k_weights)
 

@@ -343,11 +343,12 @@ def _attention_in_half(model: Any) -> Iterator[None]:
                                                                    dtype=torch.float16)))
         return builtin(g, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
-    torch.onnx.register_custom_op_symbolic("aten::scaled_dot_product_attention", symbolic, OPSET)
+    registry: Any = torch.onnx  # (public, but not re-exported in the stubs)
+    registry.register_custom_op_symbolic("aten::scaled_dot_product_attention", symbolic, OPSET)
     try:
         yield
     finally:
-        torch.onnx.unregister_custom_op_symbolic("aten::scaled_dot_product_attention", OPSET)
+        registry.unregister_custom_op_symbolic("aten::scaled_dot_product_attention", OPSET)
 
 
 def release(model: Any) -> None:

@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from converters.hf.tokenizer import plain_greedy
-from converters.onnx.export import Signature, cache_kwarg, cache_of
 from converters.onnx import upcast
+from converters.onnx.export import Signature, cache_kwarg, cache_of
 from converters.onnx.graph import MODEL_FILE
 from manifests import SourceInfo, Verification
 

@@ -49,11 +49,11 @@ def test_the_half_reference_is_the_float32_models_own(tmp_path: Path) -> None:
     """Weights float16 holds exactly: the module-by-module float32 reference equals a float32 load's."""
     import numpy as np
     import torch
+    from support.tiny_models import build_tiny_llama
 
     from converters.onnx import export as ex
     from converters.onnx import upcast
     from converters.onnx import verify as onnx_verify
-    from support.tiny_models import build_tiny_llama
 
     src = build_tiny_llama(tmp_path / "f16", dtype="float16", tie_word_embeddings=True)
     half, tokenizer = ex.load(src, "text-generation", half=True)
@@ -166,7 +166,8 @@ def test_rehome_moves_per_tensor_files_into_one_data_file(tmp_path: Path) -> Non
         [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])], "g",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 64])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 32])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]), opset_imports=[helper.make_opsetid("", 18)])
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]),
+        opset_imports=[helper.make_opsetid("", 18)])
     (tmp_path / "src").mkdir()
     onnx.save_model(model, tmp_path / "src" / graph.MODEL_FILE, save_as_external_data=True,
                     all_tensors_to_one_file=False, size_threshold=0)

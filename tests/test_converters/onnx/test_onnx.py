@@ -299,12 +299,13 @@ def _tamper(monkeypatch: pytest.MonkeyPatch, how: Callable[[Any], None]) -> None
     from onnx import numpy_helper
 
     from converters.onnx import export as onnx_export
+    from converters.onnx.graph import load_proto
 
     real = onnx_export.export
 
     def tampered(model: Any, sig: Any, dest: Path, exporter: Any) -> None:
         real(model, sig, dest, exporter)
-        proto = onnx_export.load_proto(dest)
+        proto = load_proto(dest)
         inits = {t.name: t for t in proto.graph.initializer}
         weights = {i: numpy_helper.to_array(inits[i]) for n in proto.graph.node if n.op_type == "MatMul"
                    for i in n.input if i in inits}
