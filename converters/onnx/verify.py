@@ -351,7 +351,8 @@ def verify(runs: dict[str, Outputs], ref: Outputs, probe: Probes, sig: Signature
     return Verification(
         status="failed" if problems else "passed",
         method=(f"ONNX Runtime {versions.get('onnxruntime', '?')} ({where}) against PyTorch "
-                f"{versions.get('torch', '?')} / transformers {versions.get('transformers', '?')} float32 on the "
+                f"{versions.get('torch', '?')} / transformers {versions.get('transformers', '?')} float32"
+                f"{' (over the float16 weights, one module at a time)' if precision == 'fp16' else ''} on the "
                 "model's own tokens; differences over real (unmasked) tokens, NaN/Inf anywhere in ONNX Runtime's "
                 "outputs, in PyTorch's on real tokens or in a source tensor fails, and NaN in a written initializer; "
                 f"{precision} thresholds"),

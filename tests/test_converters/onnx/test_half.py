@@ -117,7 +117,7 @@ def test_the_plan_at_seven_billion_parameters() -> None:
     header = {str(i): TensorEntry(str(i), "BF16", s, 0, 0) for i, s in enumerate(shapes)}
     p = memory.plan([header], half=True)
     assert 7.6e9 < p.parameters < 7.7e9
-    assert 16.5 < p.needed / (1 << 30) < 17.2, p.needed / (1 << 30)
+    assert 19.5 < p.needed / (1 << 30) < 20.3, p.needed / (1 << 30)
 
 
 def test_available_memory_reads_meminfo_and_the_tightest_cgroup(tmp_path: Path) -> None:
