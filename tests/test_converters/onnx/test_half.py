@@ -106,7 +106,7 @@ def test_the_plan_counts_the_headers_and_scales_with_precision(tiny_model: Calla
 
 
 def test_the_plan_at_seven_billion_parameters() -> None:
-    """Qwen2.5-7B's shapes (untied, 7.6 B): what the README predicts for a 24 GB machine."""
+    """Qwen2.5-7B's shapes (untied, 7.6 B): what the README predicts (refused on a 24 GB machine: the export phase)."""
     from converters.onnx import memory
     from registry.convert.safetensors import TensorEntry
 
@@ -117,7 +117,8 @@ def test_the_plan_at_seven_billion_parameters() -> None:
     header = {str(i): TensorEntry(str(i), "BF16", s, 0, 0) for i, s in enumerate(shapes)}
     p = memory.plan([header], half=True)
     assert 7.6e9 < p.parameters < 7.7e9
-    assert 19.5 < p.needed / (1 << 30) < 20.3, p.needed / (1 << 30)
+    assert 34.3 < p.needed / (1 << 30) < 35.0, p.needed / (1 << 30)
+    assert p.weight_bytes + p.largest + memory.BASE_BYTES < 17 * (1 << 30), "all but the export phase fit 24 GB"
 
 
 def test_available_memory_reads_meminfo_and_the_tightest_cgroup(tmp_path: Path) -> None:
