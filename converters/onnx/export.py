@@ -17,13 +17,16 @@ so small and >2 GB models have the same tree: `model.onnx` + `model.onnx.data`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from converters.onnx.graph import MODEL_FILE, load_proto, save
+from converters.onnx import experts
+from converters.onnx.graph import MODEL_FILE, rehome, save
 from converters.onnx.quiet import quiet
 from registry.errors import UsageError
 
@@ -37,19 +40,10 @@ OPSET = 18
 IN_MEMORY_MAX_BYTES = 1_800_000_000
 
 ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "electra", "mpnet"})
-DECODER_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"})
+DECODER_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text",
+                           "qwen3_moe", "qwen2_moe", "mixtral"})
 #: Decoders whose transformers modules have no SDPA path (Gemma 2's soft-capped attention): exported eager.
 EAGER_TYPES = frozenset({"gemma2"})
-#: Decoders exported for logits only: their sliding-window layers keep a cache of the window's length, which the
-#: traced graph fixes to the export's shapes (ONNX Runtime then refuses a longer past).
-NO_PAST_TYPES = {t: "the sliding-window layers' cache (transformers' hybrid cache) does not trace to a graph with a "
-                 "dynamic past length" for t in ("gemma2", "gemma3_text")}
-#: Decoders refused with the reason (measured with transformers 5 and torch 2.13's exporter).
-REFUSED_TYPES = {
-    "qwen3_moe": "the expert routing uses aten::histc, which the ONNX exporter cannot write (opset 18)",
-    "qwen2_moe": "the expert routing uses aten::histc, which the ONNX exporter cannot write (opset 18)",
-    "mixtral": "the expert routing uses aten::histc, which the ONNX exporter cannot write (opset 18)",
-}
 
 
 class UnsupportedModel(UsageError):
@@ -89,18 +83,15 @@ def classify(config: dict[str, Any]) -> Task:
         return "text-generation"
     if model_type in ENCODER_TYPES:
         return "feature-extraction"
-    if model_type in REFUSED_TYPES:
-        raise UnsupportedModel(f"model_type {model_type!r} is not supported by --to onnx: {REFUSED_TYPES[model_type]}",
-                               hint="convert it to GGUF (--to gguf:Q4_K_M) for llama.cpp, or serve the hf artifact")
     raise UnsupportedModel(
         f"model_type {model_type or '(none)'!r} is not supported by --to onnx",
         hint=f"supported: encoders {', '.join(sorted(ENCODER_TYPES))}; decoders {', '.join(sorted(DECODER_TYPES))}",
     )
 
 
-def load(directory: Path, task: Task) -> tuple[Any, Any]:
-    """Load the model in float32 (eval mode, SDPA attention where the family has it) and its tokenizer, from local
-    files only."""
+def load(directory: Path, task: Task, half: bool = False) -> tuple[Any, Any]:
+    """Load the model in float32, or float16 with `half` (eval mode, SDPA attention where the family has it), and
+    its tokenizer, from local files only."""
     import torch
     import transformers
 
@@ -108,8 +99,8 @@ def load(directory: Path, task: Task) -> tuple[Any, Any]:
     with quiet():
         model_type = json.loads((directory / "config.json").read_text()).get("model_type")
         attention = "eager" if model_type in EAGER_TYPES else "sdpa"
-        model = cls.from_pretrained(directory, dtype=torch.float32, attn_implementation=attention,
-                                    local_files_only=True)
+        model = cls.from_pretrained(directory, dtype=torch.float16 if half else torch.float32,
+                                    attn_implementation=attention, local_files_only=True)
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
     model.eval()
     if tokenizer.pad_token is None:
@@ -166,7 +157,7 @@ def _wrapper(model: Any, sig: Signature) -> Any:
 
         def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
             out = self.model(**dict(zip(sig.inputs, inputs, strict=True)))
-            hidden: torch.Tensor = out.last_hidden_state
+            hidden: torch.Tensor = out.last_hidden_state.float()  # (a float16 model's too: callers read float32)
             return hidden
 
     class Decoder(torch.nn.Module):
@@ -180,22 +171,24 @@ def _wrapper(model: Any, sig: Signature) -> Any:
 
             kwargs: dict[str, Any] = {"use_cache": bool(past)}
             if past:
-                cache = transformers.DynamicCache(config=self.model.config)
+                cache = transformers.DynamicCache()
                 for i in range(sig.layers):
                     cache.update(past[2 * i], past[2 * i + 1], i)
                 kwargs[kwarg] = cache
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+            logits = out.logits.float()  # a no-op in float32; a float16 model's logits are returned as float32
             if not past:
-                return out.logits
+                return logits
             present = [t for layer in cache_of(out).layers for t in (layer.keys, layer.values)]
-            return (out.logits, *present)
+            return (logits, *present)
 
     wrapper = Encoder() if sig.task == "feature-extraction" else Decoder()
     return wrapper.eval()
 
 
-def _example(sig: Signature) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """Example inputs and their dynamic axes; sizes of 0 or 1 would be specialized by torch.export, so 2+."""
+def _example(sig: Signature, dtype: Any = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Example inputs and their dynamic axes (past key/values in the model's `dtype`); sizes of 0 or 1 would be
+    specialized by torch.export, so 2+."""
     import torch
 
     batch, seq, past = torch.export.Dim("batch"), torch.export.Dim("sequence"), torch.export.Dim("past_sequence")
@@ -212,7 +205,7 @@ def _example(sig: Signature) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         return (ids, mask, positions), ({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch, 1: seq})
     mask = torch.ones(b, s + p, dtype=torch.int64)
     positions = torch.arange(p, p + s).expand(b, s).contiguous()
-    kv = tuple(torch.randn(b, sig.kv_heads, p, sig.head_dim) for _ in sig.past_inputs)
+    kv = tuple(torch.randn(b, sig.kv_heads, p, sig.head_dim, dtype=dtype) for _ in sig.past_inputs)
     # The attention mask covers past and new tokens (Dims only add integers, so it gets its own name).
     shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq},
               tuple({0: batch, 2: past} for _ in kv))
@@ -222,12 +215,13 @@ def _example(sig: Signature) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
 def export(model: Any, sig: Signature, dest: Path, exporter: Exporter) -> None:
     """Write `dest/model.onnx` + its data file, float32, with the chosen exporter."""
     if exporter == "torchscript":
-        _export_torchscript(model, sig, dest)
+        with experts.traceable(model):
+            _export_torchscript(model, sig, dest)
         return
     import torch
 
-    args, dynamic = _example(sig)
-    with quiet(), torch.no_grad():
+    args, dynamic = _example(sig, model.dtype)
+    with quiet(), torch.no_grad(), experts.traceable(model):
         program = torch.onnx.export(
             _wrapper(model, sig), args, dynamo=True, input_names=list(sig.inputs), output_names=list(sig.outputs),
             dynamic_shapes=dynamic, opset_version=OPSET, optimize=False, verbose=False,
@@ -287,10 +281,15 @@ def _export_torchscript(model: Any, sig: Signature, dest: Path) -> None:
     for it. transformers takes the traced path into account (e.g. it builds the attention mask
     instead of skipping it when the example has no padding).
     """
+    args, _ = _example(sig, model.dtype)
+    with _attention_in_half(model):
+        _trace_and_write(model, sig, dest, args)
+
+
+def _trace_and_write(model: Any, sig: Signature, dest: Path, args: tuple[Any, ...]) -> None:
     import onnx
     import torch
 
-    args, _ = _example(sig)
     options: dict[str, Any] = {"dynamo": False, "input_names": list(sig.inputs),
                                "output_names": list(sig.outputs), "dynamic_axes": _axes(sig), "opset_version": OPSET}
     with quiet(), torch.no_grad():
@@ -311,7 +310,57 @@ def _export_torchscript(model: Any, sig: Signature, dest: Path) -> None:
                 return
         with tempfile.TemporaryDirectory(prefix=".ts-", dir=dest.parent) as tmp:
             torch.onnx.export(_wrapper(model, sig), args, str(Path(tmp) / MODEL_FILE), **options)
-            save(load_proto(Path(tmp)), dest)
+            rehome(Path(tmp), dest)  # tensor by tensor: never a second copy of the weights in memory
+
+
+@contextlib.contextmanager
+def _attention_in_half(model: Any) -> Iterator[None]:
+    """For a float16 model, the TorchScript exporter's SDPA with its scale in float16 too.
+
+    transformers passes the scale as a Python float, which the exporter's SDPA writes as a float32
+    constant; type promotion then runs the attention and the output projection after it in float32,
+    folding a float32 copy of every o_proj weight into the graph (a 7B: 1.4 GB more file and memory).
+    """
+    import torch
+
+    if model.dtype != torch.float16:
+        yield
+        return
+    from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper, symbolic_opset14
+
+    builtin = symbolic_opset14.scaled_dot_product_attention
+
+    def symbolic(g: Any, query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: Any = None,
+                 is_causal: Any = None, scale: Any = None, enable_gqa: Any = None) -> Any:
+        half = _type_utils.JitScalarType.from_value(query)
+        if scale is not None and not symbolic_helper._is_none(scale):
+            scale = g.op("Cast", scale, to_i=half.onnx_type())
+        if attn_mask is not None and not symbolic_helper._is_none(attn_mask) and \
+                _type_utils.JitScalarType.from_value(attn_mask) == _type_utils.JitScalarType.BOOL:
+            # float16's lowest, not -inf: a fully masked (padding) row stays finite, as transformers' eager mask
+            attn_mask = g.op("Where", attn_mask, g.op("Constant", value_t=torch.tensor([0.0], dtype=torch.float16)),
+                             g.op("Constant", value_t=torch.tensor([torch.finfo(torch.float16).min],
+                                                                   dtype=torch.float16)))
+        return builtin(g, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    registry: Any = torch.onnx  # (public, but not re-exported in the stubs)
+    registry.register_custom_op_symbolic("aten::scaled_dot_product_attention", symbolic, OPSET)
+    try:
+        yield
+    finally:
+        registry.unregister_custom_op_symbolic("aten::scaled_dot_product_attention", OPSET)
+
+
+def release(model: Any) -> None:
+    """Free the memory of the model's weights now, however many references to the module remain.
+
+    (The tracer's caches and the cycles that the conversion's frozen collector skips would otherwise
+    keep a float16 7B's 15 GB alive while ONNX Runtime verifies.) The model is unusable afterwards.
+    """
+    import torch
+
+    for tensor in (*model.parameters(), *model.buffers()):
+        tensor.data = torch.empty(0, dtype=tensor.dtype)
 
 
 def graph_bytes(model: Any) -> int:

@@ -20,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from converters.hf.tokenizer import plain_greedy
-from converters.onnx.export import Signature, cache_of
+from converters.onnx import upcast
+from converters.onnx.export import Signature, cache_kwarg, cache_of
 from converters.onnx.graph import MODEL_FILE
 from manifests import SourceInfo, Verification
 
@@ -132,13 +133,23 @@ def probes(model: Any, tokenizer: Any, sig: Signature) -> Probes:
 
 
 def reference(model: Any, sig: Signature, probe: Probes) -> Outputs:
-    """Run the transformers model on the probes in PyTorch (and generate, with past)."""
+    """Run the transformers model on the probes in PyTorch, in float32 (a float16 model one module at a time, see
+    upcast.py), and generate, with past."""
+    with upcast.float32(model):
+        return _reference(model, sig, probe)
+
+
+def _reference(model: Any, sig: Signature, probe: Probes) -> Outputs:
     import torch
 
     outputs = []
     for case in probe.cases:
         # Encoders such as DistilBERT take no use_cache argument.
-        extra = {"use_cache": sig.with_past} if sig.task == "text-generation" else {}
+        extra: dict[str, Any] = {"use_cache": sig.with_past} if sig.task == "text-generation" else {}
+        if sig.with_past:
+            import transformers
+
+            extra[cache_kwarg(model)] = transformers.DynamicCache()
         with torch.no_grad():
             out = model(**{k: torch.from_numpy(v) for k, v in case.feeds.items()}, **extra)
         got = {sig.outputs[0]: (out.logits if sig.task == "text-generation" else out.last_hidden_state).numpy()}
@@ -165,16 +176,22 @@ def _generate(model: Any, probe: Probes) -> tuple[Array, tuple[Array, ...]]:
     return generated, tuple(t.numpy() for t in out.logits)
 
 
-def session(path: Path, provider: str) -> Any:
+def session(path: Path, provider: str, half: bool = False) -> Any:
     """An ONNX Runtime session on the written files, on one execution provider.
 
     On CUDA, float32 stays float32 (no TF32, which rounds matmul inputs to a 10-bit mantissa), and
-    what CUDA cannot run falls back to the CPU, as in a serving session.
+    what CUDA cannot run falls back to the CPU, as in a serving session. A float16 graph (`half`) on
+    the CPU runs unoptimized and without the memory arena: the CPU provider computes most float16
+    ops in float32, and its constant folding would store a float32 copy of every weight (a 7B: 30 GB);
+    unfolded, each weight is cast as its node runs and the weights stay mapped from the data file.
     """
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if half and provider == "CPUExecutionProvider":
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.enable_cpu_mem_arena = False
     providers: list[Any] = [provider]
     if provider == GPU_PROVIDER:
         providers = [(GPU_PROVIDER, {"use_tf32": "0"}), "CPUExecutionProvider"]
@@ -334,7 +351,8 @@ def verify(runs: dict[str, Outputs], ref: Outputs, probe: Probes, sig: Signature
     return Verification(
         status="failed" if problems else "passed",
         method=(f"ONNX Runtime {versions.get('onnxruntime', '?')} ({where}) against PyTorch "
-                f"{versions.get('torch', '?')} / transformers {versions.get('transformers', '?')} float32 on the "
+                f"{versions.get('torch', '?')} / transformers {versions.get('transformers', '?')} float32"
+                f"{' (over the float16 weights, one module at a time)' if precision == 'fp16' else ''} on the "
                 "model's own tokens; differences over real (unmasked) tokens, NaN/Inf anywhere in ONNX Runtime's "
                 "outputs, in PyTorch's on real tokens or in a source tensor fails, and NaN in a written initializer; "
                 f"{precision} thresholds"),

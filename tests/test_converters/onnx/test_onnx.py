@@ -231,8 +231,8 @@ def test_a_model_over_the_in_memory_limit_goes_through_a_file(mreg: Any, bert: P
     from converters.onnx import export as onnx_export
 
     read_back: list[Path] = []
-    real_load = onnx_export.load_proto
-    monkeypatch.setattr(onnx_export, "load_proto", lambda src: read_back.append(src) or real_load(src))
+    real_rehome = onnx_export.rehome
+    monkeypatch.setattr(onnx_export, "rehome", lambda src, dest: read_back.append(src) or real_rehome(src, dest))
     first = convert(mreg, bert, "onnx", "mem")
     assert read_back == [], "in memory: nothing written and read back"
     monkeypatch.setattr(onnx_export, "IN_MEMORY_MAX_BYTES", 0)
@@ -299,12 +299,13 @@ def _tamper(monkeypatch: pytest.MonkeyPatch, how: Callable[[Any], None]) -> None
     from onnx import numpy_helper
 
     from converters.onnx import export as onnx_export
+    from converters.onnx.graph import load_proto
 
     real = onnx_export.export
 
     def tampered(model: Any, sig: Any, dest: Path, exporter: Any) -> None:
         real(model, sig, dest, exporter)
-        proto = onnx_export.load_proto(dest)
+        proto = load_proto(dest)
         inits = {t.name: t for t in proto.graph.initializer}
         weights = {i: numpy_helper.to_array(inits[i]) for n in proto.graph.node if n.op_type == "MatMul"
                    for i in n.input if i in inits}

@@ -1,0 +1,168 @@
+"""Peak memory of `mreg convert DIR --to onnx:fp16` at Qwen2.5 shapes (random bf16 weights), to calibrate the plan.
+
+    PYTHONPATH=.:tests python benchmarks/onnx_memory.py 0.5b 1.5b [--keep]
+
+Each shape (the llama architecture at Qwen2.5-0.5B/1.5B/3B/7B's sizes: hidden, layers, heads, KV heads,
+intermediate, vocabulary, tied embeddings) is written as bf16 safetensors into a temporary
+directory (1 GB shards, weights streamed to disk), converted by mreg in a subprocess whose process
+tree is sampled every 20 ms (as benchmarks/bench_gguf.py samples: the largest sum of anonymous
+memory over the tree, and the largest resident set of one process), then deleted. Prints one JSON
+line per shape with the parameter count, the plan's estimate (converters/onnx/memory.py) and the
+measured peaks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "intermediate_size": 4864, "tie_word_embeddings": True},
+    "1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+             "intermediate_size": 8960, "tie_word_embeddings": True},
+    "3b": {"hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
+           "intermediate_size": 11008, "tie_word_embeddings": True},
+    "7b": {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+           "intermediate_size": 18944, "tie_word_embeddings": False},
+}
+VOCAB = 151936
+
+
+def _random_bf16(shape: tuple[int, ...], seed: int) -> Any:
+    """A writer of N(0, 0.02) bf16 values, 4M at a time."""
+
+    def write(f: Any) -> None:
+        rng, left = np.random.default_rng(seed), int(np.prod(shape))
+        while left:
+            n = min(left, 1 << 22)
+            f.write(((rng.standard_normal(n, dtype=np.float32) * np.float32(0.02)).view(np.uint32) >> 16)
+                    .astype("<u2").tobytes())
+            left -= n
+
+    return write
+
+
+def _tree(pid: int) -> list[int]:
+    """A process and its descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                todo += [int(c) for c in task.read_text().split()]
+            except OSError:
+                continue
+    return out
+
+
+def _anon_rss_kb(pid: int) -> tuple[int, int]:
+    """RssAnon and VmRSS of a process, in kB (0 once it is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return 0, 0
+    got = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in lines) if k in ("RssAnon", "VmRSS")}
+    return got.get("RssAnon", 0), got.get("VmRSS", 0)
+
+
+def build(dest: Path, shape: dict[str, Any]) -> Path:
+    """A llama-architecture bf16 checkpoint of `shape` with the test suite's tiny BPE tokenizer."""
+    from support.tiny_models import build_tiny_llama, write_safetensors
+
+    build_tiny_llama(dest)
+    for p in dest.glob("*.safetensors*"):
+        p.unlink()
+    h, inter, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    kv = h // shape["num_attention_heads"] * shape["num_key_value_heads"]
+    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (VOCAB, h))]
+    for i in range(layers):
+        pre = f"model.layers.{i}."
+        shapes += [(pre + "self_attn.q_proj.weight", (h, h)), (pre + "self_attn.k_proj.weight", (kv, h)),
+                   (pre + "self_attn.v_proj.weight", (kv, h)), (pre + "self_attn.o_proj.weight", (h, h)),
+                   (pre + "mlp.gate_proj.weight", (inter, h)), (pre + "mlp.up_proj.weight", (inter, h)),
+                   (pre + "mlp.down_proj.weight", (h, inter)), (pre + "input_layernorm.weight", (h,)),
+                   (pre + "post_attention_layernorm.weight", (h,))]
+    shapes.append(("model.norm.weight", (h,)))
+    if not shape["tie_word_embeddings"]:
+        shapes.append(("lm_head.weight", (VOCAB, h)))
+    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, dims in shapes:
+        nbytes = 2 * int(np.prod(dims))
+        if size + nbytes > 1 << 30 and shards[-1]:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, dims))
+        size += nbytes
+    index: dict[str, str] = {}
+    for k, group in enumerate(shards, 1):
+        fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        tensors: list[Any] = []
+        for j, (name, dims) in enumerate(group):
+            data: Any = ((np.ones(dims, np.float32).view(np.uint32) >> 16).astype("<u2").tobytes() if len(dims) == 1
+                         else _random_bf16(dims, 1000 * k + j))
+            tensors.append((name, "BF16", dims, data))
+            index[name] = fname
+        write_safetensors(dest / fname, tensors, {"format": "pt"})
+    (dest / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": sum(2 * int(np.prod(s)) for _, s in shapes)}, "weight_map": index}))
+    config = json.loads((dest / "config.json").read_text())
+    config.update(shape, vocab_size=VOCAB, head_dim=shape["hidden_size"] // shape["num_attention_heads"],
+                  torch_dtype="bfloat16", max_position_embeddings=4096)
+    (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    old = time.time() - 3600  # an hour old: a fresh local checkpoint is re-hashed on its next pull
+    for p in dest.iterdir():
+        os.utime(p, (old, old))
+    return dest
+
+
+def main(argv: list[str]) -> None:
+    """Build, convert and measure each shape named on the command line."""
+    from converters.onnx import memory
+    from registry.convert.safetensors import read_header
+
+    keep = "--keep" in argv
+    spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--to=")), "onnx:fp16")
+    for name in [a for a in argv if not a.startswith("--")]:
+        work = Path(tempfile.mkdtemp(prefix=f"mreg-onnx-mem-{name}-", dir=os.environ.get("TMPDIR", "/tmp")))
+        try:
+            src = build(work / "src", SHAPES[name])
+            headers = [read_header(p) for p in sorted(src.glob("*.safetensors"))]
+            plan = memory.plan(headers, half="fp16" in spec)
+            env = {**os.environ, "MREG_CACHE_DIR": str(work / "cache"), "MREG_STORE": str(work / "store")}
+            cmd = [sys.executable, "-c", "import sys; from registry.cli import run; sys.argv[0] = 'mreg'; run()",
+                   "convert", str(src), "--to", spec, "--name", "m", "--json"]
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            peak_anon = peak_rss = 0
+            while proc.poll() is None:
+                stats = [_anon_rss_kb(p) for p in _tree(proc.pid)]
+                peak_anon = max(peak_anon, sum(a for a, _ in stats))
+                peak_rss = max([peak_rss, *(r for _, r in stats)])
+                time.sleep(0.02)
+            out, err = proc.communicate()
+            doc = json.loads(out) if out.strip().startswith("{") else {"raw": out[-400:], "stderr": err[-800:]}
+            print(json.dumps({"shape": name, "spec": spec, "parameters": plan.parameters,
+                              "estimate_mb": plan.needed >> 20, "available_mb": plan.available >> 20,
+                              "peak_anon_mb": peak_anon >> 10, "peak_rss_mb": peak_rss >> 10,
+                              "wall_s": round(time.perf_counter() - t0, 1), "exit": proc.returncode,
+                              "verification": doc.get("verification", doc.get("error", doc))}), flush=True)
+        finally:
+            if not keep:
+                shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1] / "tests")]
+    main(sys.argv[1:])
