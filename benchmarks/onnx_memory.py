@@ -52,30 +52,6 @@ def _random_bf16(shape: tuple[int, ...], seed: int) -> Any:
     return write
 
 
-def _tree(pid: int) -> list[int]:
-    """A process and its descendants."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*/children"):
-            try:
-                todo += [int(c) for c in task.read_text().split()]
-            except OSError:
-                continue
-    return out
-
-
-def _anon_rss_kb(pid: int) -> tuple[int, int]:
-    """RssAnon and VmRSS of a process, in kB (0 once it is gone)."""
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return 0, 0
-    got = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in lines) if k in ("RssAnon", "VmRSS")}
-    return got.get("RssAnon", 0), got.get("VmRSS", 0)
-
-
 def build(dest: Path, shape: dict[str, Any]) -> Path:
     """A llama-architecture bf16 checkpoint of `shape` with the test suite's tiny BPE tokenizer."""
     from support.tiny_models import build_tiny_llama, write_safetensors
@@ -129,6 +105,8 @@ def build(dest: Path, shape: dict[str, Any]) -> Path:
 
 def main(argv: list[str]) -> None:
     """Build, convert and measure each shape named on the command line."""
+    from bench_gguf import _status_kb, _tree
+
     from converters.onnx import memory
     from registry.convert.safetensors import read_header
 
@@ -147,9 +125,9 @@ def main(argv: list[str]) -> None:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             peak_anon = peak_rss = 0
             while proc.poll() is None:
-                stats = [_anon_rss_kb(p) for p in _tree(proc.pid)]
-                peak_anon = max(peak_anon, sum(a for a, _ in stats))
-                peak_rss = max([peak_rss, *(r for _, r in stats)])
+                stats = [_status_kb(p) for p in _tree(proc.pid)]  # bench_gguf's sampling, the same fields
+                peak_anon = max(peak_anon, sum(st.get("RssAnon", 0) for st in stats))
+                peak_rss = max([peak_rss, *(st.get("VmRSS", 0) for st in stats)])
                 time.sleep(0.02)
             out, err = proc.communicate()
             doc = json.loads(out) if out.strip().startswith("{") else {"raw": out[-400:], "stderr": err[-800:]}
