@@ -44,38 +44,27 @@ def _random_bf16(shape: tuple[int, ...], seed: int) -> Callable[[BinaryIO], None
     return write
 
 
-def build_tinyllama(dest: Path, llama_cpp: Path | None) -> tuple[Path, str]:
-    """The TinyLlama-shaped bf16 checkpoint, weights streamed to disk, and which tokenizer it has.
-
-    TinyLlama's tokenizer is Llama 2's SentencePiece model (32 000 pieces); llama.cpp's vocabulary
-    file of it, written back as tokenizer.model, is that tokenizer. Without llama.cpp's source, a
-    SentencePiece model trained on the test corpus stands in (400 pieces: the prompt that verification
-    evaluates is then twice as many tokens).
-    """
-    from support.llama_cpp_source import build_model, read_vocab
-    from support.tiny_models import write_safetensors
-    from test_converters.conftest import build_spm_llama
-
-    if llama_cpp is not None:
-        build_model(read_vocab(llama_cpp, "llama-spm"), dest, dtype="bfloat16")
-        tokenizer = "Llama 2's SentencePiece (32000 pieces), from llama.cpp's models/ggml-vocab-llama-spm.gguf"
-    else:
-        build_spm_llama(dest, dtype="bfloat16")
-        tokenizer = "SentencePiece trained on the test corpus (400 pieces): llama.cpp's source unavailable"
-    for p in dest.glob("*.safetensors*"):
-        p.unlink()
-    c = TINYLLAMA
-    h, inter, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
-    kv = h // c["num_attention_heads"] * c["num_key_value_heads"]
-    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (v, h))]
-    for i in range(c["num_hidden_layers"]):
+def llama_shapes(h: int, inter: int, kv: int, layers: int, vocab: int, *,
+                 tied: bool) -> list[tuple[str, tuple[int, ...]]]:
+    """The tensor names and shapes of a llama checkpoint (transformers' names), in file order."""
+    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, h))]
+    for i in range(layers):
         pre = f"model.layers.{i}."
         shapes += [(pre + "self_attn.q_proj.weight", (h, h)), (pre + "self_attn.k_proj.weight", (kv, h)),
                    (pre + "self_attn.v_proj.weight", (kv, h)), (pre + "self_attn.o_proj.weight", (h, h)),
                    (pre + "mlp.gate_proj.weight", (inter, h)), (pre + "mlp.up_proj.weight", (inter, h)),
                    (pre + "mlp.down_proj.weight", (h, inter)), (pre + "input_layernorm.weight", (h,)),
                    (pre + "post_attention_layernorm.weight", (h,))]
-    shapes += [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
+    shapes.append(("model.norm.weight", (h,)))
+    if not tied:
+        shapes.append(("lm_head.weight", (vocab, h)))
+    return shapes
+
+
+def write_bf16_shards(dest: Path, shapes: list[tuple[str, tuple[int, ...]]]) -> None:
+    """bf16 safetensors shards of about 1 GiB (matrices random, vectors ones), streamed, and their index."""
+    from support.tiny_models import write_safetensors
+
     shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
     size = 0
     for name, shape in shapes:
@@ -100,6 +89,31 @@ def build_tinyllama(dest: Path, llama_cpp: Path | None) -> tuple[Path, str]:
     total = sum(2 * int(np.prod(s)) for _, s in shapes)
     (dest / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
                                                                    "weight_map": index}, indent=2))
+
+
+def build_tinyllama(dest: Path, llama_cpp: Path | None) -> tuple[Path, str]:
+    """The TinyLlama-shaped bf16 checkpoint, weights streamed to disk, and which tokenizer it has.
+
+    TinyLlama's tokenizer is Llama 2's SentencePiece model (32 000 pieces); llama.cpp's vocabulary
+    file of it, written back as tokenizer.model, is that tokenizer. Without llama.cpp's source, a
+    SentencePiece model trained on the test corpus stands in (400 pieces: the prompt that verification
+    evaluates is then twice as many tokens).
+    """
+    from support.llama_cpp_source import build_model, read_vocab
+    from test_converters.conftest import build_spm_llama
+
+    if llama_cpp is not None:
+        build_model(read_vocab(llama_cpp, "llama-spm"), dest, dtype="bfloat16")
+        tokenizer = "Llama 2's SentencePiece (32000 pieces), from llama.cpp's models/ggml-vocab-llama-spm.gguf"
+    else:
+        build_spm_llama(dest, dtype="bfloat16")
+        tokenizer = "SentencePiece trained on the test corpus (400 pieces): llama.cpp's source unavailable"
+    for p in dest.glob("*.safetensors*"):
+        p.unlink()
+    c = TINYLLAMA
+    h, inter, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    kv = h // c["num_attention_heads"] * c["num_key_value_heads"]
+    write_bf16_shards(dest, llama_shapes(h, inter, kv, c["num_hidden_layers"], v, tied=False))
     config = json.loads((dest / "config.json").read_text())
     config.update(TINYLLAMA, head_dim=h // c["num_attention_heads"], tie_word_embeddings=False)
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))

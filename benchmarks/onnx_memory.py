@@ -23,8 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 SHAPES: dict[str, dict[str, Any]] = {
     "0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
              "intermediate_size": 4864, "tie_word_embeddings": True},
@@ -38,69 +36,22 @@ SHAPES: dict[str, dict[str, Any]] = {
 VOCAB = 151936
 
 
-def _random_bf16(shape: tuple[int, ...], seed: int) -> Any:
-    """A writer of N(0, 0.02) bf16 values, 4M at a time."""
-
-    def write(f: Any) -> None:
-        rng, left = np.random.default_rng(seed), int(np.prod(shape))
-        while left:
-            n = min(left, 1 << 22)
-            f.write(((rng.standard_normal(n, dtype=np.float32) * np.float32(0.02)).view(np.uint32) >> 16)
-                    .astype("<u2").tobytes())
-            left -= n
-
-    return write
-
-
 def build(dest: Path, shape: dict[str, Any]) -> Path:
     """A llama-architecture bf16 checkpoint of `shape` with the test suite's tiny BPE tokenizer."""
-    from support.tiny_models import build_tiny_llama, write_safetensors
+    from bench_gguf import at_rest, llama_shapes, write_bf16_shards
+    from support.tiny_models import build_tiny_llama
 
     build_tiny_llama(dest)
     for p in dest.glob("*.safetensors*"):
         p.unlink()
     h, inter, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
     kv = h // shape["num_attention_heads"] * shape["num_key_value_heads"]
-    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (VOCAB, h))]
-    for i in range(layers):
-        pre = f"model.layers.{i}."
-        shapes += [(pre + "self_attn.q_proj.weight", (h, h)), (pre + "self_attn.k_proj.weight", (kv, h)),
-                   (pre + "self_attn.v_proj.weight", (kv, h)), (pre + "self_attn.o_proj.weight", (h, h)),
-                   (pre + "mlp.gate_proj.weight", (inter, h)), (pre + "mlp.up_proj.weight", (inter, h)),
-                   (pre + "mlp.down_proj.weight", (h, inter)), (pre + "input_layernorm.weight", (h,)),
-                   (pre + "post_attention_layernorm.weight", (h,))]
-    shapes.append(("model.norm.weight", (h,)))
-    if not shape["tie_word_embeddings"]:
-        shapes.append(("lm_head.weight", (VOCAB, h)))
-    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
-    size = 0
-    for name, dims in shapes:
-        nbytes = 2 * int(np.prod(dims))
-        if size + nbytes > 1 << 30 and shards[-1]:
-            shards.append([])
-            size = 0
-        shards[-1].append((name, dims))
-        size += nbytes
-    index: dict[str, str] = {}
-    for k, group in enumerate(shards, 1):
-        fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        tensors: list[Any] = []
-        for j, (name, dims) in enumerate(group):
-            data: Any = ((np.ones(dims, np.float32).view(np.uint32) >> 16).astype("<u2").tobytes() if len(dims) == 1
-                         else _random_bf16(dims, 1000 * k + j))
-            tensors.append((name, "BF16", dims, data))
-            index[name] = fname
-        write_safetensors(dest / fname, tensors, {"format": "pt"})
-    (dest / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": sum(2 * int(np.prod(s)) for _, s in shapes)}, "weight_map": index}))
+    write_bf16_shards(dest, llama_shapes(h, inter, kv, layers, VOCAB, tied=shape["tie_word_embeddings"]))
     config = json.loads((dest / "config.json").read_text())
     config.update(shape, vocab_size=VOCAB, head_dim=shape["hidden_size"] // shape["num_attention_heads"],
                   torch_dtype="bfloat16", max_position_embeddings=4096)
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    old = time.time() - 3600  # an hour old: a fresh local checkpoint is re-hashed on its next pull
-    for p in dest.iterdir():
-        os.utime(p, (old, old))
-    return dest
+    return at_rest(dest)  # an hour old: a fresh local checkpoint is re-hashed on its next pull
 
 
 def main(argv: list[str]) -> None:

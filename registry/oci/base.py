@@ -21,7 +21,7 @@ from registry.errors import IntegrityError, NotFound, UsageError
 from registry.oci import media
 from registry.oci.pack import Blob
 from registry.oci.reference import DIGEST
-from registry.oci.target import MAX_MANIFEST, Target
+from registry.oci.target import Target, read_capped
 
 PLATFORM = ("linux", "amd64")
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
@@ -87,12 +87,8 @@ def _json(where: str, data: bytes) -> dict[str, Any]:
 
 
 def _small_blob(target: Target, where: str, digest: str) -> bytes:
-    data = b""
-    for block in target.open_blob(digest):
-        data += block
-        if len(data) > MAX_MANIFEST:
-            raise IntegrityError(f"the base image {where}: blob {digest[:19]}… is over {MAX_MANIFEST} bytes",
-                                 hint="give another base image")
+    data = read_capped(target.open_blob(digest), f"the base image {where}: blob {digest[:19]}…",
+                       hint="give another base image")
     if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
         raise IntegrityError(f"the base image {where}: blob {digest[:19]}… does not match its digest",
                              hint="give another base image")

@@ -31,12 +31,10 @@ CONFIG_TYPES = frozenset({MODEL_CONFIG, "application/vnd.cnai.model.config.v1+js
                           "application/vnd.unknown.config.v1+json"})
 #: Layer types a pull writes as files (raw bytes; tar or compressed layers are images, not model files).
 RAW_PREFIXES = ("application/vnd.cncf.model.", "application/vnd.cnai.model.")
-#: ORAS (oras-py and the oras CLI) pushes a file under this type with its bytes as they are; a directory it
-#: pushes as `…tar+gzip` with the unpack annotation. Only outside an image (config `…image.config…`) is it a file.
-ORAS_FILE = "application/vnd.oci.image.layer.v1.tar"
+#: ORAS (oras-py and the oras CLI) pushes a file as an image's tar layer type with its bytes as they are; a
+#: directory as `…tar+gzip` with the unpack annotation. Only outside an image (config `…image.config…`) is it a file.
+ORAS_FILE = TAR_LAYER
 ORAS_UNPACK = "io.deis.oras.content.unpack"
-IMAGE_CONFIGS = frozenset({"application/vnd.oci.image.config.v1+json",
-                           "application/vnd.docker.container.image.v1+json"})
 
 #: A Sigstore bundle (what model-signing writes), as cosign attaches one: the referrer's artifactType and its layer.
 SIGSTORE_BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -89,4 +87,4 @@ def is_raw_file(media_type: str) -> bool:
 def is_oras_file(media_type: str, config_type: str, annotations: dict[str, str]) -> bool:
     """Whether an artifact's layer is a file ORAS pushed as it is (not an image's tar layer, not a packed
     directory)."""
-    return media_type == ORAS_FILE and config_type not in IMAGE_CONFIGS and ORAS_UNPACK not in annotations
+    return media_type == ORAS_FILE and config_type not in IMAGE_CONFIG_TYPES and ORAS_UNPACK not in annotations

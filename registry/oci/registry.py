@@ -36,7 +36,7 @@ import httpx2
 from registry.errors import CredentialsRefused, IntegrityError, Interrupted, NotFound, StoreUnreachable, UsageError
 from registry.oci import auth, media, referrers
 from registry.oci.reference import OciRef
-from registry.oci.target import MAX_MANIFEST, BlobBody, FetchedManifest
+from registry.oci.target import BlobBody, FetchedManifest, read_capped
 from registry.oci.uploads import UploadSessions
 
 #: Blobs up to this size go in one PUT; larger ones in PATCH chunks of `CHUNK` bytes.
@@ -334,12 +334,8 @@ class RegistryTarget:
                 return None
             if resp.status_code != 200:
                 raise self._fail(resp, f"GET manifest {reference}")
-            data = b""
-            for block in resp.iter_bytes(READ):
-                data += block
-                if len(data) > MAX_MANIFEST:
-                    raise IntegrityError(f"{self.location}:{reference}: the manifest is over {MAX_MANIFEST} bytes",
-                                         hint="this is not a manifest mreg wrote or can read")
+            data = read_capped(resp.iter_bytes(READ), f"{self.location}:{reference}: the manifest",
+                               hint="this is not a manifest mreg wrote or can read")
         finally:
             resp.close()
         kind = resp.headers.get("content-type", "").split(";")[0].strip()
@@ -363,12 +359,9 @@ class RegistryTarget:
                     return referrers.entries(got.data if got else None)
                 if resp.status_code != 200:
                     raise self._fail(resp, f"GET referrers of {subject[:19]}…")
-                data = b""
-                for block in resp.iter_bytes(READ):
-                    data += block
-                    if len(data) > MAX_MANIFEST:
-                        raise IntegrityError(f"{self.location}: a page of the referrers of {subject[:19]}… is over "
-                                             f"{MAX_MANIFEST} bytes", hint="this is not a list mreg can read")
+                data = read_capped(resp.iter_bytes(READ),
+                                   f"{self.location}: a page of the referrers of {subject[:19]}…",
+                                   hint="this is not a list mreg can read")
             finally:
                 resp.close()
             out += referrers.entries(data)

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 #: A manifest is small; anything larger than this is refused before it is parsed.
 MAX_MANIFEST = 4 << 20
+
+
+def read_capped(chunks: Iterable[bytes], what: str, hint: str, limit: int = MAX_MANIFEST) -> bytes:
+    """A small document's bytes (a manifest, a config, a referrers page), refused once it passes `limit`:
+    IntegrityError("{what} is over {limit} bytes")."""
+    from registry.errors import IntegrityError
+
+    parts: list[bytes] = []
+    size = 0
+    for block in chunks:
+        parts.append(block)
+        size += len(block)
+        if size > limit:
+            raise IntegrityError(f"{what} is over {limit} bytes", hint=hint)
+    return b"".join(parts)
 
 
 @dataclass(frozen=True)
