@@ -2,11 +2,13 @@
 
 `--to gguf:Q4_K_M` picks the file type; `--to gguf:auto` the smallest one that meets a quality budget
 (`converters.gguf.auto`). The spec takes options after commas: `evaluation=default|FILE` and
-`tokens=N` (the text quality is measured on, `converters.gguf.evaluation`), for auto a budget
+`tokens=N` (the text quality is measured on, `converters.gguf.evaluation`: the shipped one for every
+quantized type unless another is named), for auto a budget
 (`kl=0.02`, `kl99=`, `top1=`, `ppl=`, the keys of `--require gguf:…`), and the importance matrix:
 `calibration=FILE|default` and `calibration-ctx=N` (what `--calibration` folds in) first compute
 one on the text (see `converters.gguf.imatrix`), store it beside the model as `<name>.imatrix.gguf`
-and quantize with it; `imatrix=FILE` takes one made by llama-imatrix instead (stored as given).
+and quantize with it; `imatrix=FILE` takes one made by llama-imatrix instead (stored as given). With auto,
+the matrix is made once and every candidate, the 1- and 2-bit IQ types included, is quantized with it.
 The conversion plans everything from config.json, the tokenizer files and the safetensors headers
 first (an unsupported model fails before any output), then streams: rows of one tensor at a time
 are read from the shards (pread), encoded on every core, written in order and hashed on the way.
@@ -291,24 +293,21 @@ class GGUFConverter(ConverterBase):
                                       "calibration-ctx=N, imatrix=FILE and, with auto, a budget "
                                       "(kl=0.02, kl99=0.2, top1=0.9, ppl=1.02)")
         if qtype == "AUTO":
-            if importance:
-                raise UsageError("gguf:auto chooses among the types that need no importance matrix; it does not "
-                                 "take --calibration or --imatrix yet",
-                                 hint="name the type (--to gguf:IQ4_XS --calibration default), or drop the matrix")
+            weights = imatrix.options("auto", importance)
             try:
                 wanted = quality.parse("gguf:" + ",".join(budget)) if budget else dict(auto.DEFAULT_BUDGET)
             except UsageError as e:
                 raise UsageError(f"--budget {','.join(budget)}: {str(e).split(': ', 1)[-1]}",
                                  hint="e.g. --budget kl=0.02 or --budget ppl=1.02,top1=0.9") from None
-            return {"type": "auto", "budget": wanted, "candidates": list(auto.CANDIDATES),
-                    "evaluation": texts.option(text or "default", tokens)}
+            return {"type": "auto", "budget": wanted, "candidates": list(auto.candidates(bool(weights))),
+                    "evaluation": texts.option(text or "default", tokens), **weights}
         if qtype not in FILE_TYPES:
             raise UsageError(f"unknown GGUF type {head!r}", hint=f"valid types: {', '.join(FILE_TYPES)}, auto")
         if budget:
             raise UsageError(f"a budget ({', '.join(budget)}) chooses a type: it goes with gguf:auto, not {qtype}",
                              hint=f"use --to gguf:auto --budget {','.join(budget)}, or drop the budget")
         out: Options = {"type": qtype, **imatrix.options(qtype, importance)}
-        if text is not None or tokens is not None:
+        if text is not None or tokens is not None or qtype not in texts.PROMPT_TYPES:
             out["evaluation"] = texts.option(text or "default", tokens)
         return out
 
@@ -413,7 +412,13 @@ class GGUFConverter(ConverterBase):
         shards = sorted(p for p in directory.rglob("*.safetensors"))
         base = request.name or request.source.repo.rstrip("/").split("/")[-1] or "model"
         types = list(opts["candidates"])
-        planned = plans(directory, shards, types, base)
+        weighted = [bool(opts.get("calibration") or opts.get("imatrix"))] * len(types)
+        planned = plans(directory, shards, types, base, has_imatrix=weighted)
+        _refuse_unencodable(planned, weighted)
+        # One importance matrix for every candidate, made (or read) before the first is written.
+        made = self._importance([request], directory, base, planned[0])
+        if made:
+            planned = [replace(p, metadata=[*p.metadata, *made[1]]) for p in planned]
         sizes = [sum(i.nbytes for i in p.infos) for p in planned]
         order = auto.size_order(sizes)
         cache = directory / ".mreg-reference.npz"  # the reference forward pass, once for every candidate
@@ -429,7 +434,8 @@ class GGUFConverter(ConverterBase):
             request.progress.start(f"gguf:auto {dest.name} ({len(measured) + 1} tried)", sizes[i])
             t0 = time.monotonic()
             try:
-                ((digest, encoded),) = write([p], [dest], reader, max(1, os.cpu_count() or 1), request.progress)
+                ((digest, encoded),) = write([p], [dest], reader, max(1, os.cpu_count() or 1), request.progress,
+                                             [made[0]] if made else ())
             finally:
                 reader.close()
                 request.progress.done()
@@ -438,7 +444,7 @@ class GGUFConverter(ConverterBase):
             seconds["write_seconds"] += t1 - t0
             seconds["verify_seconds"] += time.monotonic() - t1
             if v.status == "failed":  # an integrity failure: the registry refuses the conversion with it
-                raise _CandidateFailed(self._result(p, dest, digest, encoded, v))
+                raise _CandidateFailed(self._result(p, dest, digest, encoded, v, made[2] if made else None))
             auto.check_measured(p.file_type, v.metrics, budget, v.detail)
             measured[i] = (v.metrics, dest.stat().st_size)
             if quality.misses(v.metrics, budget):
@@ -463,7 +469,9 @@ class GGUFConverter(ConverterBase):
         metrics = {**v.metrics, **{k: round(x, 3) for k, x in seconds.items()},
                    "auto_candidates": float(len(types)), "auto_tried": float(len(tried))}
         result = self._result(planned[i], dest, digest, encoded,
-                              v.model_copy(update={"metrics": metrics, "budget": budget}))
+                              v.model_copy(update={"metrics": metrics, "budget": budget}), made[2] if made else None)
+        if made:
+            result.known_digests[made[2].file] = made[2].sha256
         selection = GGUFSelection(budget=budget, chosen=types[i], search=auto.SEARCH, tried=len(tried),
                                   candidates=tuple(records), chart=AUTO_CHART)
         assert isinstance(result.requirements, GGUFRequirements)
