@@ -511,7 +511,7 @@ class GGUFConverter(ConverterBase):
             dest = workdir / (f"{base}.imatrix.gguf" if gguf_format else f"{base}.imatrix.dat")
             shutil.copyfile(source, dest)
             imp = imatrix.read(dest)
-            record = GGUFImportance(file=dest.name, sha256=imatrix.sha256_of(dest), made_by="llama-imatrix",
+            record = GGUFImportance(file=dest.name, sha256=imatrix.sha256_of(dest), made_by="given",
                                     dataset=imp.datasets[0] if imp.datasets else None, chunks=imp.chunk_count,
                                     chunk_size=imp.chunk_size, entries=len(imp.sums), seconds=0.0)
         imatrix.check_fits(imp, p.model, record.file)
