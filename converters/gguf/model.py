@@ -201,7 +201,7 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
             experts[merged][int(expert[3])] = src
             continue
         if hf_name.endswith(_SKIP) or (hf_name == "lm_head.weight" and (
-                config.get("tie_word_embeddings") or arch == "gemma2")):  # llama.cpp's gemma2 reuses token_embd
+                config.get("tie_word_embeddings") or arch in ("gemma", "gemma2"))):  # they reuse token_embd
             continue
         gg = mapping.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if gg is None:
@@ -264,6 +264,8 @@ def _metadata(arch: str, config: dict[str, Any], name: str,
         if arch == "phi3":
             more, extra = families.phi3(config, n, eps)
             return meta + more, extra
+        if arch == "gemma":
+            return meta + families.gemma(config, n, eps), []
         if arch == "gemma2":
             return meta + families.gemma2(config, n, eps), []
         if arch == "gemma3":

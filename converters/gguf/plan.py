@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from converters.gguf import families
 from converters.gguf.file import TensorInfo
 from converters.gguf.mix import FILE_TYPES, MixParams, TensorChoice, choose_types, ggml_shape
 from converters.gguf.model import ModelPlan, UnsupportedModel, load_weights, n_experts, plan_model
@@ -75,8 +76,10 @@ def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], n
     config = json.loads(config_path.read_text(encoding="utf-8"))
     model = plan_model(config, load_weights(safetensors), name)
     vocab = load_vocab(directory, model.vocab_size)
-    if model.architecture in ("gemma2", "gemma3") and vocab.model == "llama":
+    if model.architecture in families.GEMMAS and vocab.model == "llama":
         vocab.add_space_prefix = False  # llama.cpp's converter says so for every Gemma SentencePiece model
+    if model.architecture == "gemma":
+        vocab.special.ids.setdefault("eot", families.GEMMA_EOT)
     is_70b = model.architecture in ("llama", "qwen2") and model.n_layer == 80
     shapes = [(t.name, t.shape) for t in model.tensors]
     mix = MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b,

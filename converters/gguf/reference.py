@@ -40,9 +40,12 @@ from registry.errors import MregError
 #: float32 elements of one weight block (4 MB): large enough that per-block overhead vanishes, small in memory.
 BLOCK_ELEMENTS = 1 << 20
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
-                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM",
+                 "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM",
                  "MixtralForCausalLM", "Qwen2MoeForCausalLM")
-_GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+#: Gemma's conventions: norms multiply by (1 + weight), embeddings by sqrt(hidden), gelu-tanh.
+_GEMMA = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
+#: Gemma 2 and 3 add sandwich norms, per-layer sliding windows and a query scale of their own.
+_SANDWICH = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
 class ReferenceUnsupported(MregError):
@@ -65,8 +68,10 @@ class Hyperparameters:
     rope_gain: float
     #: Phi-3: one qkv_proj and one gate_up_proj matrix per layer.
     fused: bool = False
-    #: Gemma: norms multiply by (1 + weight), embeddings by sqrt(hidden), a norm after attention and the MLP.
+    #: Gemma: norms multiply by (1 + weight), embeddings by sqrt(hidden).
     gemma: bool = False
+    #: Gemma 2/3: a norm after attention and after the MLP too.
+    sandwich: bool = False
     act: str = "silu"
     attn_scale: float | None = None
     attn_softcap: float | None = None
@@ -177,7 +182,7 @@ def _window(config: dict[str, Any], arch: str, n: int) -> int | None:
 def _sliding_layers(config: dict[str, Any], arch: str, layers: int) -> tuple[bool, ...]:
     """Which layers attend within the sliding window: Gemma's layer_types (or its every-second / every-sixth
     pattern), Phi-3's and Mistral's all of them."""
-    if arch not in _GEMMA:
+    if arch not in _SANDWICH:
         return ()
     types = config.get("layer_types")
     if types:
@@ -236,7 +241,8 @@ def _hyperparameters(config: dict[str, Any], n: int) -> Hyperparameters:
     if arch not in ARCHITECTURES:
         raise ReferenceUnsupported(f"architecture {arch} is not implemented")
     gemma = arch in _GEMMA
-    act = config.get("hidden_activation" if gemma else "hidden_act", "gelu_pytorch_tanh" if gemma else "silu")
+    # Gemma's configs may leave hidden_activation null: transformers then takes gelu-tanh, as llama.cpp does.
+    act = (config.get("hidden_activation") or "gelu_pytorch_tanh") if gemma else config.get("hidden_act", "silu")
     if act not in ("silu", "gelu_pytorch_tanh"):
         raise ReferenceUnsupported(f"hidden_act {act!r} is not implemented (only silu and gelu_pytorch_tanh)")
     try:
@@ -265,8 +271,9 @@ def _hyperparameters(config: dict[str, Any], n: int) -> Hyperparameters:
             rope_gain=gain,
             fused=arch == "Phi3ForCausalLM",
             gemma=gemma,
+            sandwich=arch in _SANDWICH,
             act=str(act),
-            attn_scale=float(config["query_pre_attn_scalar"]) ** -0.5 if gemma else None,
+            attn_scale=float(config["query_pre_attn_scalar"]) ** -0.5 if arch in _SANDWICH else None,
             attn_softcap=config.get("attn_logit_softcapping") if gemma else None,
             final_softcap=config.get("final_logit_softcapping") if gemma else None,
             sliding=_sliding_layers(config, arch, layers),
@@ -439,7 +446,7 @@ Rope = tuple[Floats, Floats, Floats]
 
 def _layer(w: _Weights, s: Hyperparameters, i: int, x: Floats, rope: Rope) -> Floats:
     """One decoder layer: pre-norm attention then a pre-norm gated MLP, each added to the residual (Gemma
-    normalizes each output again before adding it)."""
+    2 and 3 normalize each output again before adding it)."""
     pre = f"model.layers.{i}."
     n = x.shape[0]
     cos, sin, mask = rope
@@ -456,10 +463,10 @@ def _layer(w: _Weights, s: Hyperparameters, i: int, x: Floats, rope: Rope) -> Fl
         k = _norm(w, s, k, pre + "self_attn.k_norm.weight")
     a = _attention(_rotate(q, cos, sin), _rotate(k, cos, sin), v, mask, s.attn_scale, s.attn_softcap)
     a = w.linear(a, pre + "self_attn.o_proj")[0]
-    if s.gemma:
+    if s.sandwich:
         a = _norm(w, s, a, pre + "post_attention_layernorm.weight")
     x = x + a
-    h = _norm(w, s, x, pre + ("pre_feedforward_layernorm.weight" if s.gemma else "post_attention_layernorm.weight"))
+    h = _norm(w, s, x, pre + ("pre_feedforward_layernorm.weight" if s.sandwich else "post_attention_layernorm.weight"))
     if s.experts:
         return x + _experts(w, s, pre, h)
     if s.fused:
@@ -469,7 +476,7 @@ def _layer(w: _Weights, s: Hyperparameters, i: int, x: Floats, rope: Rope) -> Fl
         gate, up = w.linear(h, pre + "mlp.gate_proj", pre + "mlp.up_proj")
     act = _gelu_tanh(gate) if s.act == "gelu_pytorch_tanh" else _silu(gate)
     m = w.linear(act * up, pre + "mlp.down_proj")[0]
-    if s.gemma:
+    if s.sandwich:
         m = _norm(w, s, m, pre + "post_feedforward_layernorm.weight")
     out: Floats = x + m
     return out
