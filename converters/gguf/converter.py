@@ -40,7 +40,7 @@ from converters.gguf import evaluation as texts
 from converters.gguf.file import HashingWriter, header
 from converters.gguf.mix import FILE_TYPES
 from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan, check_architecture
-from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, plans
+from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, needs_imatrix, plans
 from converters.gguf.quants import Floats, backend, ggml_available, needs_ggml, nonfinite, quantize
 from manifests import Artifact, GGUFImportance, GGUFRequirements, GGUFSelection, Manifest, Verification
 from registry.convert.configs import check_configs
@@ -234,16 +234,18 @@ def _rel_rmse(st: _Stats) -> float:
     return (st.err2 / st.sig2) ** 0.5 if st.sig2 else 0.0
 
 
+def _needs_imatrix(file_type: str, tensor: str, qtype: str) -> UsageError:
+    return UsageError(f"gguf:{file_type} needs an importance matrix: llama.cpp writes {tensor} as {qtype} only with one",
+                      hint="add --calibration FILE (or --calibration default), or --imatrix FILE from llama-imatrix")
+
+
 def _refuse_unencodable(planned: Sequence[GGUFPlan], weighted: Sequence[bool]) -> None:
     """Before any byte: a tensor llama.cpp writes only with an importance matrix, or a type (or weighting) only
     llama.cpp's encoder writes where it is absent, is a usage error naming what to add."""
     for p, w in zip(planned, weighted, strict=True):
         needs = [c for c in p.choices if c.needs_imatrix]
         if needs and not w:
-            raise UsageError(f"gguf:{p.file_type} needs an importance matrix: llama.cpp writes {needs[0].name} as "
-                             f"{needs[0].qtype} only with one",
-                             hint="add --calibration FILE (or --calibration default), or --imatrix FILE from "
-                                  "llama-imatrix")
+            raise _needs_imatrix(p.file_type, needs[0].name, needs[0].qtype)
         if not ggml_available():
             odd = sorted({c.qtype for c in p.choices if needs_ggml(c.qtype, w)})
             if odd:
@@ -311,9 +313,15 @@ class GGUFConverter(ConverterBase):
             out["evaluation"] = texts.option(text or "default", tokens)
         return out
 
-    def check_config(self, config: dict[str, Any]) -> None:
-        """An architecture llama.cpp's converter and mreg's reference both know, before any download."""
+    def check_config(self, config: dict[str, Any], options: Options | None = None) -> None:
+        """An architecture llama.cpp's converter and mreg's reference both know, and a type that needs no importance
+        matrix unless one is given, before any download."""
         check_architecture(config)
+        if options is not None and options["type"] != "auto" and not (
+                options.get("calibration") or options.get("imatrix")):
+            needs = needs_imatrix(config, options["type"])
+            if needs is not None:
+                raise _needs_imatrix(options["type"], *needs)
 
     def gate_problems(self, artifact: Artifact | None, requirement: str) -> list[str]:
         """`gguf`: a GGUF file; `gguf:quality`: its quality within its recorded budgets; `gguf:kl=X,top1=Y`: ours."""

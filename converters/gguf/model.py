@@ -179,7 +179,7 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
     import gguf
 
     arch = check_architecture(config)
-    n_layer, n_embd, n_head, n_head_kv, n_ff, vocab_size, head_dim = _sizes(config)
+    n_layer, n_embd, n_head, n_head_kv, n_ff, vocab_size, head_dim = config_sizes(config)
     check_shapes(weights, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
                  vocab_size=vocab_size, head_dim=head_dim)
     meta, extra = _metadata(arch, config, name, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
@@ -322,7 +322,7 @@ def _number(config: dict[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-def _sizes(config: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:
+def config_sizes(config: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:
     """Layers, width, heads, KV heads, feed-forward width, vocabulary, head size, each checked."""
     n_head = _size(config, "num_attention_heads")
     n_embd = _size(config, "hidden_size")

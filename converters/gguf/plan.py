@@ -15,9 +15,18 @@ from typing import Any
 from converters.gguf import families
 from converters.gguf.file import TensorInfo
 from converters.gguf.mix import FILE_TYPES, MixParams, TensorChoice, choose_types, ggml_shape
-from converters.gguf.model import ModelPlan, UnsupportedModel, load_weights, n_experts, plan_model
+from converters.gguf.model import (
+    ModelPlan,
+    UnsupportedModel,
+    check_architecture,
+    config_sizes,
+    load_weights,
+    n_experts,
+    plan_model,
+)
 from converters.gguf.quants.blocks import row_bytes
 from converters.gguf.vocab import Vocab, load_vocab
+from registry.errors import MregError
 
 DEFAULT_TYPE = "F16"
 QUANTIZATION_VERSION = 2
@@ -56,6 +65,34 @@ def _tensor_infos(model: ModelPlan, choices: list[TensorChoice], file_type: str)
     return [TensorInfo(t.name, tuple(reversed(ggml_shape(t.shape) if quantized else t.shape)), c.qtype,
                        t.nrows * row_bytes(c.qtype, t.ncols))
             for t, c in zip(model.tensors, choices, strict=True)]
+
+
+#: Deeper than any model: config.json alone is not judged past this (the full plan is, after the download).
+PRE_PLAN_MAX_LAYERS = 1024
+
+
+def needs_imatrix(config: dict[str, Any], file_type: str) -> tuple[str, str] | None:
+    """From config.json alone, before any weight is downloaded: the first tensor (name, type) that llama.cpp would
+    write as `file_type` only with an importance matrix, or None (also when config.json cannot say: the plan
+    made after the download judges it then). Each layer's attention and feed-forward matrices are planned from
+    the config's sizes, as dense ones: every file type that needs a matrix needs it for these first."""
+    try:
+        arch = check_architecture(config)
+        n_layer, n_embd, n_head, n_head_kv, n_ff, vocab, head_dim = config_sizes(config)
+    except (UnsupportedModel, ValueError, TypeError, KeyError, MregError):
+        return None
+    if n_layer > PRE_PLAN_MAX_LAYERS:
+        return None
+    q, kv = n_head * head_dim, n_head_kv * head_dim
+    shapes: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (vocab, n_embd))]
+    for i in range(n_layer):
+        shapes += [(f"blk.{i}.attn_q.weight", (q, n_embd)), (f"blk.{i}.attn_k.weight", (kv, n_embd)),
+                   (f"blk.{i}.attn_v.weight", (kv, n_embd)), (f"blk.{i}.attn_output.weight", (n_embd, q)),
+                   (f"blk.{i}.ffn_gate.weight", (n_ff, n_embd)), (f"blk.{i}.ffn_up.weight", (n_ff, n_embd)),
+                   (f"blk.{i}.ffn_down.weight", (n_embd, n_ff))]
+    params = MixParams(n_layer, n_head, n_head_kv, arch in ("llama", "qwen2") and n_layer == 80)
+    first = next((c for c in choose_types(file_type, shapes, params) if c.needs_imatrix), None)
+    return None if first is None else (first.name, first.qtype)
 
 
 def plan(directory: Path, safetensors: list[Path], file_type: str, name: str) -> GGUFPlan:

@@ -20,7 +20,7 @@ from converters.gguf import imatrix
 from converters.gguf.converter import write
 from converters.gguf.mix import FILE_TYPES, MixParams, choose_types
 from converters.gguf.model import SafetensorsReader
-from converters.gguf.plan import plans
+from converters.gguf.plan import needs_imatrix, plans
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is in the test extra")
 gguf = pytest.importorskip("gguf")
@@ -437,3 +437,17 @@ def test_computing_an_imatrix_keeps_memory_flat(tmp_path: Path) -> None:
     rss_small = _imatrix_peak_rss_mb(small, text, tmp_path / "small.imatrix.gguf")
     rss_large = _imatrix_peak_rss_mb(large, text, tmp_path / "large.imatrix.gguf")
     assert rss_large - rss_small < 40, f"peak RSS {rss_small:.0f} MB -> {rss_large:.0f} MB for 5x the weights"
+
+
+@pytest.mark.parametrize("width", [256, 64])
+def test_config_alone_refuses_exactly_what_the_full_plan_refuses(width: int, tiny_model: Callable[..., Path]) -> None:
+    """The check made before a hub download (config.json alone) names a tensor for a file type exactly when the
+    plan made from the weights does (64 wide: rows fall back to types that need no matrix, so neither refuses)."""
+    src = tiny_model("llama", hidden_size=width, intermediate_size=width, num_heads=4, num_kv_heads=1, num_layers=2)
+    config = json.loads((src / "config.json").read_text())
+    types = list(FILE_TYPES)
+    planned = plans(src, sorted(src.glob("*.safetensors")), types, "m")
+    for file_type, p in zip(types, planned, strict=True):
+        full = any(c.needs_imatrix for c in p.choices)
+        assert (needs_imatrix(config, file_type) is not None) == full, (width, file_type)
+    assert width != 256 or needs_imatrix(config, "IQ2_M") is not None
