@@ -422,13 +422,16 @@ class GGUFConverter(ConverterBase):
         types = list(opts["candidates"])
         weighted = [bool(opts.get("calibration") or opts.get("imatrix"))] * len(types)
         planned = plans(directory, shards, types, base, has_imatrix=weighted)
-        _refuse_unencodable(planned, weighted)
+        # Without a matrix, a candidate whose mix would need one on this model (a fallback row, say) is passed
+        # over, never tried: the user named no type, so there is nothing to refuse.
+        eligible = [i for i, p in enumerate(planned) if weighted[i] or not any(c.needs_imatrix for c in p.choices)]
+        _refuse_unencodable([planned[i] for i in eligible], [weighted[i] for i in eligible])
         # One importance matrix for every candidate, made (or read) before the first is written.
         made = self._importance([request], directory, base, planned[0])
         if made:
             planned = [replace(p, metadata=[*p.metadata, *made[1]]) for p in planned]
         sizes = [sum(i.nbytes for i in p.infos) for p in planned]
-        order = auto.size_order(sizes)
+        order = [i for i in auto.size_order(sizes) if i in eligible]
         cache = directory / ".mreg-reference.npz"  # the reference forward pass, once for every candidate
         measured: dict[int, tuple[dict[str, float], int]] = {}
         kept: list[tuple[int, Path, str, list[EncodedTensor], Verification]] = []
