@@ -88,6 +88,13 @@ def gemma(config: dict[str, Any], n: dict[str, int], eps: float) -> Metadata:
             ("gemma.attention.key_length", n["head_dim"]), ("gemma.attention.value_length", n["head_dim"])]
 
 
+def granite(config: dict[str, Any]) -> Metadata:
+    """Granite's multipliers, under llama.cpp's names, each only when set (as its converter writes them)."""
+    keys = (("attention_multiplier", "granite.attention.scale"), ("embedding_multiplier", "granite.embedding_scale"),
+            ("residual_multiplier", "granite.residual_scale"), ("logits_scaling", "granite.logit_scale"))
+    return [(key, float(config[hf])) for hf, key in keys if config.get(hf)]
+
+
 def gemma2(config: dict[str, Any], n: dict[str, int], eps: float) -> Metadata:
     """Gemma 2: head size, both soft-caps and the sliding window (llama.cpp fixes the pattern and rope base)."""
     return [*_common("gemma2", config, n, eps),

@@ -41,6 +41,7 @@ from registry.errors import MregError
 BLOCK_ELEMENTS = 1 << 20
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
                  "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM",
+                 "GraniteForCausalLM",
                  "MixtralForCausalLM", "Qwen2MoeForCausalLM")
 #: Gemma's conventions: norms multiply by (1 + weight), embeddings by sqrt(hidden), gelu-tanh.
 _GEMMA = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
@@ -79,6 +80,10 @@ class Hyperparameters:
     #: Per layer: whether it attends within the sliding window (Gemma alternates), and their own rope.
     sliding: tuple[bool, ...] = ()
     local_rope: tuple[Floats, float] | None = None
+    #: Granite: embeddings multiplied, each residual branch multiplied, logits divided.
+    embedding_scale: float = 1.0
+    residual_scale: float = 1.0
+    logits_divisor: float = 1.0
     #: A mixture of experts in every layer: how many, how many each token takes, whether their weights sum to 1.
     experts: int = 0
     experts_used: int = 0
@@ -179,6 +184,11 @@ def _window(config: dict[str, Any], arch: str, n: int) -> int | None:
     return None
 
 
+def _granite(config: dict[str, Any], key: str, default: float | None) -> Any:
+    """One of Granite's multipliers; unset or 0 is the default (llama.cpp's converter writes only those set)."""
+    return float(config[key]) if config.get(key) else default
+
+
 def _sliding_layers(config: dict[str, Any], arch: str, layers: int) -> tuple[bool, ...]:
     """Which layers attend within the sliding window: Gemma's layer_types (or its every-second / every-sixth
     pattern), Phi-3's and Mistral's all of them."""
@@ -273,10 +283,14 @@ def _hyperparameters(config: dict[str, Any], n: int) -> Hyperparameters:
             gemma=gemma,
             sandwich=arch in _SANDWICH,
             act=str(act),
-            attn_scale=float(config["query_pre_attn_scalar"]) ** -0.5 if arch in _SANDWICH else None,
+            attn_scale=(float(config["query_pre_attn_scalar"]) ** -0.5 if arch in _SANDWICH
+                        else _granite(config, "attention_multiplier", None) if arch == "GraniteForCausalLM" else None),
             attn_softcap=config.get("attn_logit_softcapping") if gemma else None,
             final_softcap=config.get("final_logit_softcapping") if gemma else None,
             sliding=_sliding_layers(config, arch, layers),
+            **({"embedding_scale": _granite(config, "embedding_multiplier", 1.0),
+                "residual_scale": _granite(config, "residual_multiplier", 1.0),
+                "logits_divisor": _granite(config, "logits_scaling", 1.0)} if arch == "GraniteForCausalLM" else {}),
             local_rope=local,
             qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"),
             **_moe(config, arch, layers),
@@ -446,7 +460,7 @@ Rope = tuple[Floats, Floats, Floats]
 
 def _layer(w: _Weights, s: Hyperparameters, i: int, x: Floats, rope: Rope) -> Floats:
     """One decoder layer: pre-norm attention then a pre-norm gated MLP, each added to the residual (Gemma
-    2 and 3 normalize each output again before adding it)."""
+    2 and 3 normalize each output again before adding it, Granite multiplies it first)."""
     pre = f"model.layers.{i}."
     n = x.shape[0]
     cos, sin, mask = rope
@@ -465,21 +479,26 @@ def _layer(w: _Weights, s: Hyperparameters, i: int, x: Floats, rope: Rope) -> Fl
     a = w.linear(a, pre + "self_attn.o_proj")[0]
     if s.sandwich:
         a = _norm(w, s, a, pre + "post_attention_layernorm.weight")
-    x = x + a
+    x = x + a * np.float32(s.residual_scale)  # 1 (all but Granite) multiplies exactly
     h = _norm(w, s, x, pre + ("pre_feedforward_layernorm.weight" if s.sandwich else "post_attention_layernorm.weight"))
     if s.experts:
         return x + _experts(w, s, pre, h)
+    out: Floats = x + _mlp(w, s, pre, h) * np.float32(s.residual_scale)
+    return out
+
+
+def _mlp(w: _Weights, s: Hyperparameters, pre: str, h: Floats) -> Floats:
+    """The gated MLP of one layer (Gemma 2/3: normalized again)."""
     if s.fused:
         (gate_up,) = w.linear(h, pre + "mlp.gate_up_proj")
         gate, up = np.split(gate_up, 2, axis=-1)
     else:
         gate, up = w.linear(h, pre + "mlp.gate_proj", pre + "mlp.up_proj")
     act = _gelu_tanh(gate) if s.act == "gelu_pytorch_tanh" else _silu(gate)
-    m = w.linear(act * up, pre + "mlp.down_proj")[0]
+    m: Floats = w.linear(act * up, pre + "mlp.down_proj")[0]
     if s.sandwich:
         m = _norm(w, s, m, pre + "post_feedforward_layernorm.weight")
-    out: Floats = x + m
-    return out
+    return m
 
 
 def _positions(s: Hyperparameters, n: int, inv_freq: Floats, gain: float, window: int | None) -> Rope:
@@ -532,6 +551,8 @@ def _sequence(w: _Weights, s: Hyperparameters, ids: list[int], head: bool) -> Fl
     x = w.rows("model.embed_tokens.weight", ids)
     if s.gemma:
         x = x * np.float32(math.sqrt(x.shape[-1]))
+    if s.embedding_scale != 1.0:
+        x = x * np.float32(s.embedding_scale)
     n = len(ids)
     if s.gemma:  # the window only on the sliding layers; Gemma 3's have their own rope base
         local = s.local_rope or (s.inv_freq, s.rope_gain)
@@ -553,4 +574,6 @@ def _sequence(w: _Weights, s: Hyperparameters, ids: list[int], head: bool) -> Fl
         w.observe = observe
     if s.final_softcap:
         logits = np.tanh(logits / np.float32(s.final_softcap)) * np.float32(s.final_softcap)
+    if s.logits_divisor != 1.0:
+        logits = logits / np.float32(s.logits_divisor)
     return logits

@@ -50,6 +50,7 @@ def _assert_matches_transformers(directory: Path, ids: list[int] = IDS) -> float
         ("llama3-rope", {}),
         ("phi3", {"hidden": 64}),
         ("phi3-longrope", {}),
+        ("granite", {}),
         ("gemma", {}),
         ("gemma2", {}),
         ("gemma3", {}),
