@@ -235,7 +235,8 @@ def _rel_rmse(st: _Stats) -> float:
 
 
 def _needs_imatrix(file_type: str, tensor: str, qtype: str) -> UsageError:
-    return UsageError(f"gguf:{file_type} needs an importance matrix: llama.cpp writes {tensor} as {qtype} only with one",
+    return UsageError(f"gguf:{file_type} needs an importance matrix: llama.cpp writes {tensor} as {qtype} only "
+                      "with one",
                       hint="add --calibration FILE (or --calibration default), or --imatrix FILE from llama-imatrix")
 
 

@@ -126,8 +126,9 @@ def build_with_transformers(dest: Path, kind: str, *, hidden: int = 64, layers: 
     vocab = json.loads((dest / "config.json").read_text())["vocab_size"]
     for p in [*dest.glob("*.safetensors*"), dest / "config.json"]:
         p.unlink()
-    classes = {"phi3": "Phi3Config", "granite": "GraniteConfig", "gemma": "GemmaConfig", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig",
-               "qwen3moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig", "qwen2moe": "Qwen2MoeConfig"}
+    classes = {"phi3": "Phi3Config", "granite": "GraniteConfig", "gemma": "GemmaConfig", "gemma2": "Gemma2Config",
+               "gemma3": "Gemma3TextConfig", "qwen3moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig",
+               "qwen2moe": "Qwen2MoeConfig"}
     cfg = getattr(transformers, classes[kind])(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                                                num_attention_heads=4, num_key_value_heads=2,
                                                bos_token_id=1, eos_token_id=2, pad_token_id=None,

@@ -52,7 +52,7 @@ def test_auto_picks_the_type_whose_kl_is_just_within_the_budget(mreg: Any, tiny_
     # the smallest such answer below the largest type (Q8_0 not needed), found by running the same bisection.
     kls = {i: c["metrics"]["kl_divergence"] for i, c in enumerate(by_size) if c["tried"]}
     known = []
-    for a, b in zip(sorted(kls.values()), sorted(kls.values())[1:]):
+    for a, b in zip(sorted(kls.values()), sorted(kls.values())[1:], strict=False):
         budget = math.sqrt(a * b)
         visited: list[int] = []
 
