@@ -29,6 +29,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "GraniteForCausalLM": "granite",
+    "Olmo2ForCausalLM": "olmo2",
     "MixtralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
@@ -290,6 +291,9 @@ def _metadata(arch: str, config: dict[str, Any], name: str,
         meta += [(f"{arch}.vocab_size", n["vocab_size"]), (f"{arch}.rope.dimension_count", n["head_dim"])]
     if arch == "granite":
         meta += families.granite(config)
+    if arch == "olmo2" and config.get("sliding_window") is not None:
+        raise UnsupportedModel("OLMo with sliding-window layers (OLMo 3's layout) is not supported by --to gguf",
+                               hint="OLMo 2 (no sliding window) is")
     if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
         raise UnsupportedModel("a mixture of experts with dense layers (mlp_only_layers, decoder_sparse_step)",
                                hint="llama.cpp's qwen3moe has experts in every layer")

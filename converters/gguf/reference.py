@@ -41,7 +41,7 @@ from registry.errors import MregError
 BLOCK_ELEMENTS = 1 << 20
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
                  "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM",
-                 "GraniteForCausalLM",
+                 "GraniteForCausalLM", "Olmo2ForCausalLM",
                  "MixtralForCausalLM", "Qwen2MoeForCausalLM")
 #: Gemma's conventions: norms multiply by (1 + weight), embeddings by sqrt(hidden), gelu-tanh.
 _GEMMA = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
@@ -80,6 +80,9 @@ class Hyperparameters:
     #: Per layer: whether it attends within the sliding window (Gemma alternates), and their own rope.
     sliding: tuple[bool, ...] = ()
     local_rope: tuple[Floats, float] | None = None
+    #: OLMo 2: no norm before attention or the MLP, one after each (before the residual add); q/k norms over
+    #: every head at once.
+    post_norms: bool = False
     #: Granite: embeddings multiplied, each residual branch multiplied, logits divided.
     embedding_scale: float = 1.0
     residual_scale: float = 1.0
@@ -292,7 +295,8 @@ def _hyperparameters(config: dict[str, Any], n: int) -> Hyperparameters:
                 "residual_scale": _granite(config, "residual_multiplier", 1.0),
                 "logits_divisor": _granite(config, "logits_scaling", 1.0)} if arch == "GraniteForCausalLM" else {}),
             local_rope=local,
-            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM", "Olmo2ForCausalLM"),
+            post_norms=arch == "Olmo2ForCausalLM",
             **_moe(config, arch, layers),
         )
     except KeyError as e:
@@ -464,23 +468,30 @@ def _layer(w: _Weights, s: Hyperparameters, i: int, x: Floats, rope: Rope) -> Fl
     pre = f"model.layers.{i}."
     n = x.shape[0]
     cos, sin, mask = rope
-    h = _norm(w, s, x, pre + "input_layernorm.weight")
+    h = x if s.post_norms else _norm(w, s, x, pre + "input_layernorm.weight")
     if s.fused:
         (qkv,) = w.linear(h, pre + "self_attn.qkv_proj")
         q_rows, kv_rows = s.heads * s.head_dim, s.kv_heads * s.head_dim
         q, k, v = qkv[:, :q_rows], qkv[:, q_rows:q_rows + kv_rows], qkv[:, q_rows + kv_rows:]
     else:
         q, k, v = w.linear(h, pre + "self_attn.q_proj", pre + "self_attn.k_proj", pre + "self_attn.v_proj")
+    if s.qk_norm and s.post_norms:
+        q = _norm(w, s, q, pre + "self_attn.q_norm.weight")
+        k = _norm(w, s, k, pre + "self_attn.k_norm.weight")
     q, k, v = (t.reshape(n, -1, s.head_dim) for t in (q, k, v))
-    if s.qk_norm:
+    if s.qk_norm and not s.post_norms:
         q = _norm(w, s, q, pre + "self_attn.q_norm.weight")
         k = _norm(w, s, k, pre + "self_attn.k_norm.weight")
     a = _attention(_rotate(q, cos, sin), _rotate(k, cos, sin), v, mask, s.attn_scale, s.attn_softcap)
     a = w.linear(a, pre + "self_attn.o_proj")[0]
-    if s.sandwich:
+    if s.sandwich or s.post_norms:
         a = _norm(w, s, a, pre + "post_attention_layernorm.weight")
     x = x + a * np.float32(s.residual_scale)  # 1 (all but Granite) multiplies exactly
-    h = _norm(w, s, x, pre + ("pre_feedforward_layernorm.weight" if s.sandwich else "post_attention_layernorm.weight"))
+    if s.post_norms:
+        h = x
+    else:
+        h = _norm(w, s, x, pre + ("pre_feedforward_layernorm.weight" if s.sandwich else
+                                  "post_attention_layernorm.weight"))
     if s.experts:
         return x + _experts(w, s, pre, h)
     out: Floats = x + _mlp(w, s, pre, h) * np.float32(s.residual_scale)
@@ -496,7 +507,7 @@ def _mlp(w: _Weights, s: Hyperparameters, pre: str, h: Floats) -> Floats:
         gate, up = w.linear(h, pre + "mlp.gate_proj", pre + "mlp.up_proj")
     act = _gelu_tanh(gate) if s.act == "gelu_pytorch_tanh" else _silu(gate)
     m: Floats = w.linear(act * up, pre + "mlp.down_proj")[0]
-    if s.sandwich:
+    if s.sandwich or s.post_norms:
         m = _norm(w, s, m, pre + "post_feedforward_layernorm.weight")
     return m
 

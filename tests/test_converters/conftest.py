@@ -126,7 +126,8 @@ def build_with_transformers(dest: Path, kind: str, *, hidden: int = 64, layers: 
     vocab = json.loads((dest / "config.json").read_text())["vocab_size"]
     for p in [*dest.glob("*.safetensors*"), dest / "config.json"]:
         p.unlink()
-    classes = {"phi3": "Phi3Config", "granite": "GraniteConfig", "gemma": "GemmaConfig", "gemma2": "Gemma2Config",
+    classes = {"phi3": "Phi3Config", "granite": "GraniteConfig", "olmo2": "Olmo2Config", "gemma": "GemmaConfig",
+               "gemma2": "Gemma2Config",
                "gemma3": "Gemma3TextConfig", "qwen3moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig",
                "qwen2moe": "Qwen2MoeConfig"}
     cfg = getattr(transformers, classes[kind])(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
@@ -193,6 +194,9 @@ BUILDERS: dict[str, Callable[..., Path]] = {
     "phi3-longrope": lambda d, **kw: build_with_transformers(d, "phi3", **{**PHI3_LONGROPE, **kw}),
     "gemma": lambda d, **kw: build_with_transformers(d, "gemma", **{**GEMMA, **kw}),
     "granite": lambda d, **kw: build_with_transformers(d, "granite", **{**GRANITE, **kw}),
+    # OLMo 2: norms after attention and the MLP only, q/k norms over all heads at once; a BPE tokenizer (llama.cpp's
+    # converter reads OLMo's vocabulary as GPT-2's)
+    "olmo2": lambda d, **kw: build_with_transformers(d, "olmo2", **{"spm": False, **kw}),
     "gemma2": lambda d, **kw: build_with_transformers(d, "gemma2", **{**GEMMA2, **kw}),
     "gemma3": lambda d, **kw: build_with_transformers(d, "gemma3", **{**GEMMA3, **kw}),
     "qwen3moe": lambda d, **kw: build_with_transformers(d, "qwen3moe", **{**QWEN3MOE, **kw}),

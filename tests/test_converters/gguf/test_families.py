@@ -29,11 +29,11 @@ gguf = pytest.importorskip("gguf")
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
 
-KINDS = ["phi3", "phi3-longrope", "phi3-vocab", "granite", "gemma", "gemma2", "gemma3", "qwen3moe", "mixtral",
+KINDS = ["phi3", "phi3-longrope", "phi3-vocab", "granite", "olmo2", "gemma", "gemma2", "gemma3", "qwen3moe", "mixtral",
          "qwen2moe"]
 #: The tiny BPE tokenizer's check-text hash is in no table of llama.cpp's converter (it refuses it); for those the
 #: driver names the pre-tokenizer as mreg does (by its structure), and every other key and tensor is compared.
-PRE_NAMED = {"qwen3moe": "gpt-2", "qwen2moe": "gpt-2"}
+PRE_NAMED = {"qwen3moe": "gpt-2", "qwen2moe": "gpt-2", "olmo2": "gpt-2"}
 TYPES = ["F16", "Q8_0", "Q4_K_M"]
 #: Keys that name the file rather than describe the model (mreg names it after the model in the store).
 NAMING = ("general.name", "general.size_label", "general.tags", "general.type", "general.basename",

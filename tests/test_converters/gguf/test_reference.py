@@ -51,6 +51,7 @@ def _assert_matches_transformers(directory: Path, ids: list[int] = IDS) -> float
         ("phi3", {"hidden": 64}),
         ("phi3-longrope", {}),
         ("granite", {}),
+        ("olmo2", {}),
         ("gemma", {}),
         ("gemma2", {}),
         ("gemma3", {}),
