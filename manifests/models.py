@@ -164,8 +164,10 @@ class GGUFImportance(_Record):
     #: The file, relative to the artifact directory (`<name>.imatrix.gguf`, or `.dat` as llama-imatrix gave it).
     file: RelPath
     sha256: str
-    #: `mreg` (computed from a calibration text by mreg's float32 forward pass) or `llama-imatrix` (given).
-    made_by: Literal["mreg", "llama-imatrix"]
+    #: `mreg` (computed from a calibration text by mreg's float32 forward pass) or `given` (`--imatrix FILE`: made
+    #: elsewhere, by llama-imatrix or an earlier mreg run; nothing in the file proves which). `llama-imatrix` is how
+    #: manifests written before 2026-12-02 labelled a given file.
+    made_by: Literal["mreg", "given", "llama-imatrix"]
     #: The calibration text's name as the file records it, its sha256 and token count (when mreg made it).
     dataset: str | None = None
     dataset_sha256: str | None = None

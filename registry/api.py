@@ -190,9 +190,10 @@ def _refuse_early(source: str, targets: Sequence[Target], *, cache: str | Path, 
         config = None  # the full pull and the converter's own checks report a damaged config
     if isinstance(config, dict):
         formats = {fmt for fmt, _ in targets}
-        needed = {need for fmt in formats for need in get(fmt).needs}
-        for each in sorted(formats | needed):
-            get(each).check_config(config)
+        for fmt, raw in targets:
+            get(fmt).check_config(config, get(fmt).options(raw))
+        for need in sorted({need for fmt in formats for need in get(fmt).needs} - formats):
+            get(need).check_config(config)
     return f"{snap.record.source.repo}@{snap.record.source.commit}"
 
 

@@ -4,8 +4,10 @@ Every candidate is planned first (config and headers only), which gives each one
 before anything is written. In that size order quality is close to monotone (more bits, less
 error), so the search is a bisection: the middle candidate is converted and verified on the
 evaluation text; if it meets the budget the answer is it or a smaller one, else a larger one.
-Nine candidates take four conversions instead of nine (from the smallest up would take up to
-nine, and the smallest types, the likeliest to fail, first). The reference forward pass runs
+Thirteen candidates (22 with an importance matrix, which admits the 1- and 2-bit IQ types) take
+four (five) conversions instead of up to thirteen (22) from the smallest up, which would also start
+with the likeliest failures. With `--calibration` or `--imatrix` the matrix is made or read once and
+every candidate is quantized with it, as llama-quantize does. The reference forward pass runs
 once and is shared (`.mreg-reference.npz`). A candidate that loses is deleted as soon as it is
 judged, its figures kept: the version holds the chosen file, the chart (`auto.svg`) and, in the
 manifest, every candidate's size and, for those tried, quality. If quality is not monotone on a
@@ -20,14 +22,25 @@ from converters.gguf.quality import KEYS, misses
 from manifests import GGUFCandidate
 from registry.errors import GateRefused, UsageError
 
-#: The types `gguf:auto` chooses from, largest first. One list: the IQ types join it when they exist.
-CANDIDATES: tuple[str, ...] = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q4_K_M", "Q4_K_S", "Q3_K_M", "Q3_K_S", "Q2_K")
+#: The types `gguf:auto` chooses from, nominally largest first (the search sorts them by planned bytes): the
+#: K-quant mixes and the IQ types llama.cpp writes without an importance matrix. IQ4_NL is left out: it is
+#: IQ4_XS's size class with larger blocks, kept in llama.cpp for CPUs that repack it, never the smaller choice.
+CANDIDATES: tuple[str, ...] = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q4_K_M", "Q4_K_S", "IQ4_XS", "Q3_K_L", "Q3_K_M",
+                               "IQ3_M", "IQ3_S", "Q3_K_S", "Q2_K")
+#: With an importance matrix (`--calibration` or `--imatrix`), the types llama.cpp writes only with one join them.
+WEIGHTED_CANDIDATES: tuple[str, ...] = (*CANDIDATES, "IQ3_XS", "IQ3_XXS", "Q2_K_S", "IQ2_M", "IQ2_S", "IQ2_XS",
+                                        "IQ2_XXS", "IQ1_M", "IQ1_S")
 #: The budget when none is given: a mean KL divergence llama.cpp's Q4_K_M of a trained model meets.
 DEFAULT_BUDGET = {"kl_divergence": 0.02}
 SEARCH = "bisection"
 #: Metrics kept per candidate (the chart's and the budget's).
 KEPT = ("kl_divergence", "kl_divergence_p99", "top1_agreement", "perplexity_ratio", "perplexity_reference",
         "perplexity_llama_cpp", "evaluation_tokens", "logits_positions")
+
+
+def candidates(weighted: bool) -> tuple[str, ...]:
+    """The candidate types: with an importance matrix (`weighted`) the 1-, 2- and smallest 3-bit types too."""
+    return WEIGHTED_CANDIDATES if weighted else CANDIDATES
 
 
 def size_order(sizes: Sequence[int]) -> list[int]:

@@ -2,11 +2,13 @@
 
 `--to gguf:Q4_K_M` picks the file type; `--to gguf:auto` the smallest one that meets a quality budget
 (`converters.gguf.auto`). The spec takes options after commas: `evaluation=default|FILE` and
-`tokens=N` (the text quality is measured on, `converters.gguf.evaluation`), for auto a budget
+`tokens=N` (the text quality is measured on, `converters.gguf.evaluation`: the shipped one for every
+quantized type unless another is named), for auto a budget
 (`kl=0.02`, `kl99=`, `top1=`, `ppl=`, the keys of `--require gguf:…`), and the importance matrix:
 `calibration=FILE|default` and `calibration-ctx=N` (what `--calibration` folds in) first compute
 one on the text (see `converters.gguf.imatrix`), store it beside the model as `<name>.imatrix.gguf`
-and quantize with it; `imatrix=FILE` takes one made by llama-imatrix instead (stored as given).
+and quantize with it; `imatrix=FILE` takes one made by llama-imatrix instead (stored as given). With auto,
+the matrix is made once and every candidate, the 1- and 2-bit IQ types included, is quantized with it.
 The conversion plans everything from config.json, the tokenizer files and the safetensors headers
 first (an unsupported model fails before any output), then streams: rows of one tensor at a time
 are read from the shards (pread), encoded on every core, written in order and hashed on the way.
@@ -38,7 +40,7 @@ from converters.gguf import evaluation as texts
 from converters.gguf.file import HashingWriter, header
 from converters.gguf.mix import FILE_TYPES
 from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan, check_architecture
-from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, plans
+from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, needs_imatrix, plans
 from converters.gguf.quants import Floats, backend, ggml_available, needs_ggml, nonfinite, quantize
 from manifests import Artifact, GGUFImportance, GGUFRequirements, GGUFSelection, Manifest, Verification
 from registry.convert.configs import check_configs
@@ -232,16 +234,19 @@ def _rel_rmse(st: _Stats) -> float:
     return (st.err2 / st.sig2) ** 0.5 if st.sig2 else 0.0
 
 
+def _needs_imatrix(file_type: str, tensor: str, qtype: str) -> UsageError:
+    return UsageError(f"gguf:{file_type} needs an importance matrix: llama.cpp writes {tensor} as {qtype} only "
+                      "with one",
+                      hint="add --calibration FILE (or --calibration default), or --imatrix FILE from llama-imatrix")
+
+
 def _refuse_unencodable(planned: Sequence[GGUFPlan], weighted: Sequence[bool]) -> None:
     """Before any byte: a tensor llama.cpp writes only with an importance matrix, or a type (or weighting) only
     llama.cpp's encoder writes where it is absent, is a usage error naming what to add."""
     for p, w in zip(planned, weighted, strict=True):
         needs = [c for c in p.choices if c.needs_imatrix]
         if needs and not w:
-            raise UsageError(f"gguf:{p.file_type} needs an importance matrix: llama.cpp writes {needs[0].name} as "
-                             f"{needs[0].qtype} only with one",
-                             hint="add --calibration FILE (or --calibration default), or --imatrix FILE from "
-                                  "llama-imatrix")
+            raise _needs_imatrix(p.file_type, needs[0].name, needs[0].qtype)
         if not ggml_available():
             odd = sorted({c.qtype for c in p.choices if needs_ggml(c.qtype, w)})
             if odd:
@@ -291,30 +296,33 @@ class GGUFConverter(ConverterBase):
                                       "calibration-ctx=N, imatrix=FILE and, with auto, a budget "
                                       "(kl=0.02, kl99=0.2, top1=0.9, ppl=1.02)")
         if qtype == "AUTO":
-            if importance:
-                raise UsageError("gguf:auto chooses among the types that need no importance matrix; it does not "
-                                 "take --calibration or --imatrix yet",
-                                 hint="name the type (--to gguf:IQ4_XS --calibration default), or drop the matrix")
+            weights = imatrix.options("auto", importance)
             try:
                 wanted = quality.parse("gguf:" + ",".join(budget)) if budget else dict(auto.DEFAULT_BUDGET)
             except UsageError as e:
                 raise UsageError(f"--budget {','.join(budget)}: {str(e).split(': ', 1)[-1]}",
                                  hint="e.g. --budget kl=0.02 or --budget ppl=1.02,top1=0.9") from None
-            return {"type": "auto", "budget": wanted, "candidates": list(auto.CANDIDATES),
-                    "evaluation": texts.option(text or "default", tokens)}
+            return {"type": "auto", "budget": wanted, "candidates": list(auto.candidates(bool(weights))),
+                    "evaluation": texts.option(text or "default", tokens), **weights}
         if qtype not in FILE_TYPES:
             raise UsageError(f"unknown GGUF type {head!r}", hint=f"valid types: {', '.join(FILE_TYPES)}, auto")
         if budget:
             raise UsageError(f"a budget ({', '.join(budget)}) chooses a type: it goes with gguf:auto, not {qtype}",
                              hint=f"use --to gguf:auto --budget {','.join(budget)}, or drop the budget")
         out: Options = {"type": qtype, **imatrix.options(qtype, importance)}
-        if text is not None or tokens is not None:
+        if text is not None or tokens is not None or qtype not in texts.PROMPT_TYPES:
             out["evaluation"] = texts.option(text or "default", tokens)
         return out
 
-    def check_config(self, config: dict[str, Any]) -> None:
-        """An architecture llama.cpp's converter and mreg's reference both know, before any download."""
+    def check_config(self, config: dict[str, Any], options: Options | None = None) -> None:
+        """An architecture llama.cpp's converter and mreg's reference both know, and a type that needs no importance
+        matrix unless one is given, before any download."""
         check_architecture(config)
+        if options is not None and options["type"] != "auto" and not (
+                options.get("calibration") or options.get("imatrix")):
+            needs = needs_imatrix(config, options["type"])
+            if needs is not None:
+                raise _needs_imatrix(options["type"], *needs)
 
     def gate_problems(self, artifact: Artifact | None, requirement: str) -> list[str]:
         """`gguf`: a GGUF file; `gguf:quality`: its quality within its recorded budgets; `gguf:kl=X,top1=Y`: ours."""
@@ -413,9 +421,18 @@ class GGUFConverter(ConverterBase):
         shards = sorted(p for p in directory.rglob("*.safetensors"))
         base = request.name or request.source.repo.rstrip("/").split("/")[-1] or "model"
         types = list(opts["candidates"])
-        planned = plans(directory, shards, types, base)
+        weighted = [bool(opts.get("calibration") or opts.get("imatrix"))] * len(types)
+        planned = plans(directory, shards, types, base, has_imatrix=weighted)
+        # Without a matrix, a candidate whose mix would need one on this model (a fallback row, say) is passed
+        # over, never tried: the user named no type, so there is nothing to refuse.
+        eligible = [i for i, p in enumerate(planned) if weighted[i] or not any(c.needs_imatrix for c in p.choices)]
+        _refuse_unencodable([planned[i] for i in eligible], [weighted[i] for i in eligible])
+        # One importance matrix for every candidate, made (or read) before the first is written.
+        made = self._importance([request], directory, base, planned[0])
+        if made:
+            planned = [replace(p, metadata=[*p.metadata, *made[1]]) for p in planned]
         sizes = [sum(i.nbytes for i in p.infos) for p in planned]
-        order = auto.size_order(sizes)
+        order = [i for i in auto.size_order(sizes) if i in eligible]
         cache = directory / ".mreg-reference.npz"  # the reference forward pass, once for every candidate
         measured: dict[int, tuple[dict[str, float], int]] = {}
         kept: list[tuple[int, Path, str, list[EncodedTensor], Verification]] = []
@@ -429,7 +446,8 @@ class GGUFConverter(ConverterBase):
             request.progress.start(f"gguf:auto {dest.name} ({len(measured) + 1} tried)", sizes[i])
             t0 = time.monotonic()
             try:
-                ((digest, encoded),) = write([p], [dest], reader, max(1, os.cpu_count() or 1), request.progress)
+                ((digest, encoded),) = write([p], [dest], reader, max(1, os.cpu_count() or 1), request.progress,
+                                             [made[0]] if made else ())
             finally:
                 reader.close()
                 request.progress.done()
@@ -438,7 +456,7 @@ class GGUFConverter(ConverterBase):
             seconds["write_seconds"] += t1 - t0
             seconds["verify_seconds"] += time.monotonic() - t1
             if v.status == "failed":  # an integrity failure: the registry refuses the conversion with it
-                raise _CandidateFailed(self._result(p, dest, digest, encoded, v))
+                raise _CandidateFailed(self._result(p, dest, digest, encoded, v, made[2] if made else None))
             auto.check_measured(p.file_type, v.metrics, budget, v.detail)
             measured[i] = (v.metrics, dest.stat().st_size)
             if quality.misses(v.metrics, budget):
@@ -463,7 +481,9 @@ class GGUFConverter(ConverterBase):
         metrics = {**v.metrics, **{k: round(x, 3) for k, x in seconds.items()},
                    "auto_candidates": float(len(types)), "auto_tried": float(len(tried))}
         result = self._result(planned[i], dest, digest, encoded,
-                              v.model_copy(update={"metrics": metrics, "budget": budget}))
+                              v.model_copy(update={"metrics": metrics, "budget": budget}), made[2] if made else None)
+        if made:
+            result.known_digests[made[2].file] = made[2].sha256
         selection = GGUFSelection(budget=budget, chosen=types[i], search=auto.SEARCH, tried=len(tried),
                                   candidates=tuple(records), chart=AUTO_CHART)
         assert isinstance(result.requirements, GGUFRequirements)
@@ -503,7 +523,7 @@ class GGUFConverter(ConverterBase):
             dest = workdir / (f"{base}.imatrix.gguf" if gguf_format else f"{base}.imatrix.dat")
             shutil.copyfile(source, dest)
             imp = imatrix.read(dest)
-            record = GGUFImportance(file=dest.name, sha256=imatrix.sha256_of(dest), made_by="llama-imatrix",
+            record = GGUFImportance(file=dest.name, sha256=imatrix.sha256_of(dest), made_by="given",
                                     dataset=imp.datasets[0] if imp.datasets else None, chunks=imp.chunk_count,
                                     chunk_size=imp.chunk_size, entries=len(imp.sums), seconds=0.0)
         imatrix.check_fits(imp, p.model, record.file)

@@ -1,11 +1,12 @@
 """The text a GGUF file's quality is measured on: `--evaluation default` (shipped) or a file of one's own.
 
-The default, `data/evaluation.txt`, was written for mreg (English prose about a harbour town and
-measurement, with Python, shell and TOML code; about 10 KiB, a few thousand tokens for a 32 K-150 K
-vocabulary). Only its first `max_tokens` tokens (default 1024, and never past the model's context) are
-evaluated: llama.cpp's and the reference's logits are held for every position (positions × vocabulary
-floats each). The text's sha256 and the cap are options, so part of the conversion key; the tokens
-evaluated are recorded with the metrics (`evaluation_tokens`).
+Every quantized type is measured on it (`default` unless another is named); the lossless types (F32,
+F16, BF16), whose check is integrity alone, keep a fixed prompt unless one is asked for. The default,
+`data/evaluation.txt`, was written for mreg (English prose about a harbour town and measurement, with
+Python, shell and TOML code; about 10 KiB, a few thousand tokens for a 32 K-150 K vocabulary). Only its
+first `max_tokens` tokens (default 512, one chunk of llama.cpp's perplexity tool, and never past the
+model's context) are evaluated. The text's sha256 and the cap are options, so part of the conversion
+key; the tokens evaluated are recorded with the metrics (`evaluation_tokens`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 from registry.errors import IntegrityError, UsageError
 
 DEFAULT = Path(__file__).parent / "data" / "evaluation.txt"
-DEFAULT_TOKENS = 1024
+DEFAULT_TOKENS = 512
+#: Types measured on the fixed prompt unless an evaluation text is asked for: their gate is integrity alone.
+PROMPT_TYPES = ("F32", "F16", "BF16")
 MAX_TOKENS = 1 << 16
 #: Larger than any evaluation worth its cost: a wrong path (a checkpoint) is refused before it is read.
 MAX_BYTES = 16 << 20

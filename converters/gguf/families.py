@@ -1,4 +1,4 @@
-"""What llama.cpp reads for the architectures whose metadata is not Llama's: Phi-3, Gemma 2, Gemma 3.
+"""What llama.cpp reads for the architectures whose metadata is not Llama's: Phi-3, Gemma, Gemma 2, Gemma 3.
 
 Each function returns the `{arch}.*` keys exactly as llama.cpp's converter writes them for that
 architecture (conversion/phi.py, conversion/gemma.py) and any tensors it adds (Phi-3's longrope
@@ -16,7 +16,13 @@ import numpy as np
 from converters.gguf.quants.blocks import Floats
 
 #: HF `architectures[0]` -> GGUF architecture, for the families this module describes.
-FAMILIES = {"Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
+FAMILIES = {"Phi3ForCausalLM": "phi3", "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
+            "Gemma3ForCausalLM": "gemma3"}
+#: The GGUF architectures whose RMSNorm multiplies by `1 + weight`.
+GEMMAS = ("gemma", "gemma2", "gemma3")
+#: The ids llama.cpp's converter gives Gemma's end-of-turn token whatever the vocabulary (written for CodeGemma;
+#: its prefix/suffix/middle/separator ids have no key in the gguf writer, so only this one lands in the file).
+GEMMA_EOT = 107
 Metadata = list[tuple[str, Any]]
 
 
@@ -26,7 +32,7 @@ class FamilyError(ValueError):
 
 def norm_shift(arch: str, hf_name: str) -> float:
     """The constant llama.cpp's converter adds to a tensor's values (Gemma's norms store `1 + weight`)."""
-    return 1.0 if arch in ("gemma2", "gemma3") and hf_name.endswith("norm.weight") else 0.0
+    return 1.0 if arch in GEMMAS and hf_name.endswith("norm.weight") else 0.0
 
 
 def rope_params(config: dict[str, Any]) -> dict[str, Any]:
@@ -74,6 +80,19 @@ def phi3(config: dict[str, Any], n: dict[str, int], eps: float) -> tuple[Metadat
     meta.append(("phi3.rope.scaling.attn_factor", attn_factor))
     return meta, [("rope_factors_long.weight", np.asarray(long, np.float32)),
                   ("rope_factors_short.weight", np.asarray(short, np.float32))]
+
+
+def gemma(config: dict[str, Any], n: dict[str, int], eps: float) -> Metadata:
+    """Gemma (1, CodeGemma): the common keys and the head size; no soft-caps, no sliding window."""
+    return [*_common("gemma", config, n, eps),
+            ("gemma.attention.key_length", n["head_dim"]), ("gemma.attention.value_length", n["head_dim"])]
+
+
+def granite(config: dict[str, Any]) -> Metadata:
+    """Granite's multipliers, under llama.cpp's names, each only when set (as its converter writes them)."""
+    keys = (("attention_multiplier", "granite.attention.scale"), ("embedding_multiplier", "granite.embedding_scale"),
+            ("residual_multiplier", "granite.residual_scale"), ("logits_scaling", "granite.logit_scale"))
+    return [(key, float(config[hf])) for hf, key in keys if config.get(hf)]
 
 
 def gemma2(config: dict[str, Any], n: dict[str, int], eps: float) -> Metadata:

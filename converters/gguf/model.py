@@ -28,6 +28,8 @@ from registry.errors import IntegrityError, UsageError
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
+    "GraniteForCausalLM": "granite",
+    "Olmo2ForCausalLM": "olmo2",
     "MixtralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
@@ -37,6 +39,8 @@ ARCHITECTURES = {
 }
 DTYPES: dict[str, np.dtype[Any]] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 _SKIP = ("rotary_emb.inv_freq",)
+#: Architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel and the classes built on it).
+_PERMUTED = ("llama", "granite")
 #: One expert's matrix of a mixture, as transformers saves them: stacked into one GGUF tensor per layer and kind.
 _EXPERT = re.compile(r"model\.layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.(\d+)\."
                      r"(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight")
@@ -179,7 +183,7 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
     import gguf
 
     arch = check_architecture(config)
-    n_layer, n_embd, n_head, n_head_kv, n_ff, vocab_size, head_dim = _sizes(config)
+    n_layer, n_embd, n_head, n_head_kv, n_ff, vocab_size, head_dim = config_sizes(config)
     check_shapes(weights, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
                  vocab_size=vocab_size, head_dim=head_dim)
     meta, extra = _metadata(arch, config, name, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
@@ -201,7 +205,7 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
             experts[merged][int(expert[3])] = src
             continue
         if hf_name.endswith(_SKIP) or (hf_name == "lm_head.weight" and (
-                config.get("tie_word_embeddings") or arch == "gemma2")):  # llama.cpp's gemma2 reuses token_embd
+                config.get("tie_word_embeddings") or arch in ("gemma", "gemma2"))):  # they reuse token_embd
             continue
         gg = mapping.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if gg is None:
@@ -210,9 +214,9 @@ def plan_model(config: dict[str, Any], weights: dict[str, SourceTensor], name: s
         if src.dtype not in DTYPES:
             raise UnsupportedModel(f"tensor {hf_name} has dtype {src.dtype}", hint="supported: F32, F16, BF16")
         permute = 0
-        if arch == "llama" and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+        if arch in _PERMUTED and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
             permute = n_head
-        elif arch == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+        elif arch in _PERMUTED and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
             permute = n_head_kv
         shape = src.shape if len(src.shape) > 1 else (src.shape[0],)
         tensors.append(TensorPlan(gg, shape, src, permute, source_name=hf_name,
@@ -264,6 +268,8 @@ def _metadata(arch: str, config: dict[str, Any], name: str,
         if arch == "phi3":
             more, extra = families.phi3(config, n, eps)
             return meta + more, extra
+        if arch == "gemma":
+            return meta + families.gemma(config, n, eps), []
         if arch == "gemma2":
             return meta + families.gemma2(config, n, eps), []
         if arch == "gemma3":
@@ -278,10 +284,16 @@ def _metadata(arch: str, config: dict[str, Any], name: str,
     ]
     rope_meta, rope_freqs = _rope_metadata(arch, config, n["head_dim"])
     meta += rope_meta
-    if config.get("head_dim"):  # transformers 5 writes `"head_dim": null` for Mixtral; llama.cpp skips it
+    # transformers 5 writes `"head_dim": null` for Mixtral, llama.cpp skips it; its Granite converter drops it
+    if config.get("head_dim") and arch != "granite":
         meta += [(f"{arch}.attention.key_length", n["head_dim"]), (f"{arch}.attention.value_length", n["head_dim"])]
-    if arch == "llama":
+    if arch in _PERMUTED:
         meta += [(f"{arch}.vocab_size", n["vocab_size"]), (f"{arch}.rope.dimension_count", n["head_dim"])]
+    if arch == "granite":
+        meta += families.granite(config)
+    if arch == "olmo2" and config.get("sliding_window") is not None:
+        raise UnsupportedModel("OLMo with sliding-window layers (OLMo 3's layout) is not supported by --to gguf",
+                               hint="OLMo 2 (no sliding window) is")
     if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
         raise UnsupportedModel("a mixture of experts with dense layers (mlp_only_layers, decoder_sparse_step)",
                                hint="llama.cpp's qwen3moe has experts in every layer")
@@ -320,7 +332,7 @@ def _number(config: dict[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-def _sizes(config: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:
+def config_sizes(config: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:
     """Layers, width, heads, KV heads, feed-forward width, vocabulary, head size, each checked."""
     n_head = _size(config, "num_attention_heads")
     n_embd = _size(config, "hidden_size")

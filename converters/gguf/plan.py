@@ -12,11 +12,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from converters.gguf import families
 from converters.gguf.file import TensorInfo
 from converters.gguf.mix import FILE_TYPES, MixParams, TensorChoice, choose_types, ggml_shape
-from converters.gguf.model import ModelPlan, UnsupportedModel, load_weights, n_experts, plan_model
+from converters.gguf.model import (
+    ModelPlan,
+    UnsupportedModel,
+    check_architecture,
+    config_sizes,
+    load_weights,
+    n_experts,
+    plan_model,
+)
 from converters.gguf.quants.blocks import row_bytes
 from converters.gguf.vocab import Vocab, load_vocab
+from registry.errors import MregError
 
 DEFAULT_TYPE = "F16"
 QUANTIZATION_VERSION = 2
@@ -57,6 +67,34 @@ def _tensor_infos(model: ModelPlan, choices: list[TensorChoice], file_type: str)
             for t, c in zip(model.tensors, choices, strict=True)]
 
 
+#: Deeper than any model: config.json alone is not judged past this (the full plan is, after the download).
+PRE_PLAN_MAX_LAYERS = 1024
+
+
+def needs_imatrix(config: dict[str, Any], file_type: str) -> tuple[str, str] | None:
+    """From config.json alone, before any weight is downloaded: the first tensor (name, type) that llama.cpp would
+    write as `file_type` only with an importance matrix, or None (also when config.json cannot say: the plan
+    made after the download judges it then). Each layer's attention and feed-forward matrices are planned from
+    the config's sizes, as dense ones: every file type that needs a matrix needs it for these first."""
+    try:
+        arch = check_architecture(config)
+        n_layer, n_embd, n_head, n_head_kv, n_ff, vocab, head_dim = config_sizes(config)
+    except (UnsupportedModel, ValueError, TypeError, KeyError, MregError):
+        return None
+    if n_layer > PRE_PLAN_MAX_LAYERS:
+        return None
+    q, kv = n_head * head_dim, n_head_kv * head_dim
+    shapes: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (vocab, n_embd))]
+    for i in range(n_layer):
+        shapes += [(f"blk.{i}.attn_q.weight", (q, n_embd)), (f"blk.{i}.attn_k.weight", (kv, n_embd)),
+                   (f"blk.{i}.attn_v.weight", (kv, n_embd)), (f"blk.{i}.attn_output.weight", (n_embd, q)),
+                   (f"blk.{i}.ffn_gate.weight", (n_ff, n_embd)), (f"blk.{i}.ffn_up.weight", (n_ff, n_embd)),
+                   (f"blk.{i}.ffn_down.weight", (n_embd, n_ff))]
+    params = MixParams(n_layer, n_head, n_head_kv, arch in ("llama", "qwen2") and n_layer == 80)
+    first = next((c for c in choose_types(file_type, shapes, params) if c.needs_imatrix), None)
+    return None if first is None else (first.name, first.qtype)
+
+
 def plan(directory: Path, safetensors: list[Path], file_type: str, name: str) -> GGUFPlan:
     """Read config, tokenizer and safetensors headers; choose every tensor's type; no output yet."""
     return plans(directory, safetensors, [file_type], name)[0]
@@ -75,8 +113,10 @@ def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], n
     config = json.loads(config_path.read_text(encoding="utf-8"))
     model = plan_model(config, load_weights(safetensors), name)
     vocab = load_vocab(directory, model.vocab_size)
-    if model.architecture in ("gemma2", "gemma3") and vocab.model == "llama":
+    if model.architecture in families.GEMMAS and vocab.model == "llama":
         vocab.add_space_prefix = False  # llama.cpp's converter says so for every Gemma SentencePiece model
+    if model.architecture == "gemma":
+        vocab.special.ids.setdefault("eot", families.GEMMA_EOT)
     is_70b = model.architecture in ("llama", "qwen2") and model.n_layer == 80
     shapes = [(t.name, t.shape) for t in model.tensors]
     mix = MixParams(model.n_layer, model.n_head, model.n_head_kv, is_70b,

@@ -40,9 +40,13 @@ from registry.errors import MregError
 #: float32 elements of one weight block (4 MB): large enough that per-block overhead vanishes, small in memory.
 BLOCK_ELEMENTS = 1 << 20
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
-                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM",
+                 "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM",
+                 "GraniteForCausalLM", "Olmo2ForCausalLM",
                  "MixtralForCausalLM", "Qwen2MoeForCausalLM")
-_GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+#: Gemma's conventions: norms multiply by (1 + weight), embeddings by sqrt(hidden), gelu-tanh.
+_GEMMA = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
+#: Gemma 2 and 3 add sandwich norms, per-layer sliding windows and a query scale of their own.
+_SANDWICH = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
 class ReferenceUnsupported(MregError):
@@ -65,8 +69,10 @@ class Hyperparameters:
     rope_gain: float
     #: Phi-3: one qkv_proj and one gate_up_proj matrix per layer.
     fused: bool = False
-    #: Gemma: norms multiply by (1 + weight), embeddings by sqrt(hidden), a norm after attention and the MLP.
+    #: Gemma: norms multiply by (1 + weight), embeddings by sqrt(hidden).
     gemma: bool = False
+    #: Gemma 2/3: a norm after attention and after the MLP too.
+    sandwich: bool = False
     act: str = "silu"
     attn_scale: float | None = None
     attn_softcap: float | None = None
@@ -74,6 +80,13 @@ class Hyperparameters:
     #: Per layer: whether it attends within the sliding window (Gemma alternates), and their own rope.
     sliding: tuple[bool, ...] = ()
     local_rope: tuple[Floats, float] | None = None
+    #: OLMo 2: no norm before attention or the MLP, one after each (before the residual add); q/k norms over
+    #: every head at once.
+    post_norms: bool = False
+    #: Granite: embeddings multiplied, each residual branch multiplied, logits divided.
+    embedding_scale: float = 1.0
+    residual_scale: float = 1.0
+    logits_divisor: float = 1.0
     #: A mixture of experts in every layer: how many, how many each token takes, whether their weights sum to 1.
     experts: int = 0
     experts_used: int = 0
@@ -174,10 +187,15 @@ def _window(config: dict[str, Any], arch: str, n: int) -> int | None:
     return None
 
 
+def _granite(config: dict[str, Any], key: str, default: float | None) -> Any:
+    """One of Granite's multipliers; unset or 0 is the default (llama.cpp's converter writes only those set)."""
+    return float(config[key]) if config.get(key) else default
+
+
 def _sliding_layers(config: dict[str, Any], arch: str, layers: int) -> tuple[bool, ...]:
     """Which layers attend within the sliding window: Gemma's layer_types (or its every-second / every-sixth
     pattern), Phi-3's and Mistral's all of them."""
-    if arch not in _GEMMA:
+    if arch not in _SANDWICH:
         return ()
     types = config.get("layer_types")
     if types:
@@ -236,7 +254,8 @@ def _hyperparameters(config: dict[str, Any], n: int) -> Hyperparameters:
     if arch not in ARCHITECTURES:
         raise ReferenceUnsupported(f"architecture {arch} is not implemented")
     gemma = arch in _GEMMA
-    act = config.get("hidden_activation" if gemma else "hidden_act", "gelu_pytorch_tanh" if gemma else "silu")
+    # Gemma's configs may leave hidden_activation null: transformers then takes gelu-tanh, as llama.cpp does.
+    act = (config.get("hidden_activation") or "gelu_pytorch_tanh") if gemma else config.get("hidden_act", "silu")
     if act not in ("silu", "gelu_pytorch_tanh"):
         raise ReferenceUnsupported(f"hidden_act {act!r} is not implemented (only silu and gelu_pytorch_tanh)")
     try:
@@ -265,13 +284,19 @@ def _hyperparameters(config: dict[str, Any], n: int) -> Hyperparameters:
             rope_gain=gain,
             fused=arch == "Phi3ForCausalLM",
             gemma=gemma,
+            sandwich=arch in _SANDWICH,
             act=str(act),
-            attn_scale=float(config["query_pre_attn_scalar"]) ** -0.5 if gemma else None,
+            attn_scale=(float(config["query_pre_attn_scalar"]) ** -0.5 if arch in _SANDWICH
+                        else _granite(config, "attention_multiplier", None) if arch == "GraniteForCausalLM" else None),
             attn_softcap=config.get("attn_logit_softcapping") if gemma else None,
             final_softcap=config.get("final_logit_softcapping") if gemma else None,
             sliding=_sliding_layers(config, arch, layers),
+            **({"embedding_scale": _granite(config, "embedding_multiplier", 1.0),
+                "residual_scale": _granite(config, "residual_multiplier", 1.0),
+                "logits_divisor": _granite(config, "logits_scaling", 1.0)} if arch == "GraniteForCausalLM" else {}),
             local_rope=local,
-            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM", "Olmo2ForCausalLM"),
+            post_norms=arch == "Olmo2ForCausalLM",
             **_moe(config, arch, layers),
         )
     except KeyError as e:
@@ -439,40 +464,52 @@ Rope = tuple[Floats, Floats, Floats]
 
 def _layer(w: _Weights, s: Hyperparameters, i: int, x: Floats, rope: Rope) -> Floats:
     """One decoder layer: pre-norm attention then a pre-norm gated MLP, each added to the residual (Gemma
-    normalizes each output again before adding it)."""
+    2 and 3 normalize each output again before adding it, Granite multiplies it first)."""
     pre = f"model.layers.{i}."
     n = x.shape[0]
     cos, sin, mask = rope
-    h = _norm(w, s, x, pre + "input_layernorm.weight")
+    h = x if s.post_norms else _norm(w, s, x, pre + "input_layernorm.weight")
     if s.fused:
         (qkv,) = w.linear(h, pre + "self_attn.qkv_proj")
         q_rows, kv_rows = s.heads * s.head_dim, s.kv_heads * s.head_dim
         q, k, v = qkv[:, :q_rows], qkv[:, q_rows:q_rows + kv_rows], qkv[:, q_rows + kv_rows:]
     else:
         q, k, v = w.linear(h, pre + "self_attn.q_proj", pre + "self_attn.k_proj", pre + "self_attn.v_proj")
+    if s.qk_norm and s.post_norms:
+        q = _norm(w, s, q, pre + "self_attn.q_norm.weight")
+        k = _norm(w, s, k, pre + "self_attn.k_norm.weight")
     q, k, v = (t.reshape(n, -1, s.head_dim) for t in (q, k, v))
-    if s.qk_norm:
+    if s.qk_norm and not s.post_norms:
         q = _norm(w, s, q, pre + "self_attn.q_norm.weight")
         k = _norm(w, s, k, pre + "self_attn.k_norm.weight")
     a = _attention(_rotate(q, cos, sin), _rotate(k, cos, sin), v, mask, s.attn_scale, s.attn_softcap)
     a = w.linear(a, pre + "self_attn.o_proj")[0]
-    if s.gemma:
+    if s.sandwich or s.post_norms:
         a = _norm(w, s, a, pre + "post_attention_layernorm.weight")
-    x = x + a
-    h = _norm(w, s, x, pre + ("pre_feedforward_layernorm.weight" if s.gemma else "post_attention_layernorm.weight"))
+    x = x + a * np.float32(s.residual_scale)  # 1 (all but Granite) multiplies exactly
+    if s.post_norms:
+        h = x
+    else:
+        h = _norm(w, s, x, pre + ("pre_feedforward_layernorm.weight" if s.sandwich else
+                                  "post_attention_layernorm.weight"))
     if s.experts:
         return x + _experts(w, s, pre, h)
+    out: Floats = x + _mlp(w, s, pre, h) * np.float32(s.residual_scale)
+    return out
+
+
+def _mlp(w: _Weights, s: Hyperparameters, pre: str, h: Floats) -> Floats:
+    """The gated MLP of one layer (Gemma 2/3: normalized again)."""
     if s.fused:
         (gate_up,) = w.linear(h, pre + "mlp.gate_up_proj")
         gate, up = np.split(gate_up, 2, axis=-1)
     else:
         gate, up = w.linear(h, pre + "mlp.gate_proj", pre + "mlp.up_proj")
     act = _gelu_tanh(gate) if s.act == "gelu_pytorch_tanh" else _silu(gate)
-    m = w.linear(act * up, pre + "mlp.down_proj")[0]
-    if s.gemma:
+    m: Floats = w.linear(act * up, pre + "mlp.down_proj")[0]
+    if s.sandwich or s.post_norms:
         m = _norm(w, s, m, pre + "post_feedforward_layernorm.weight")
-    out: Floats = x + m
-    return out
+    return m
 
 
 def _positions(s: Hyperparameters, n: int, inv_freq: Floats, gain: float, window: int | None) -> Rope:
@@ -525,6 +562,8 @@ def _sequence(w: _Weights, s: Hyperparameters, ids: list[int], head: bool) -> Fl
     x = w.rows("model.embed_tokens.weight", ids)
     if s.gemma:
         x = x * np.float32(math.sqrt(x.shape[-1]))
+    if s.embedding_scale != 1.0:
+        x = x * np.float32(s.embedding_scale)
     n = len(ids)
     if s.gemma:  # the window only on the sliding layers; Gemma 3's have their own rope base
         local = s.local_rope or (s.inv_freq, s.rope_gain)
@@ -546,4 +585,6 @@ def _sequence(w: _Weights, s: Hyperparameters, ids: list[int], head: bool) -> Fl
         w.observe = observe
     if s.final_softcap:
         logits = np.tanh(logits / np.float32(s.final_softcap)) * np.float32(s.final_softcap)
+    if s.logits_divisor != 1.0:
+        logits = logits / np.float32(s.logits_divisor)
     return logits

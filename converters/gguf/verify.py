@@ -237,27 +237,41 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str, evaluat
         ids = list(ids)[:cap]
         metrics["evaluation_tokens"] = float(len(ids))
     llm.eval(ids)
-    got = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
+    got = np.array(llm.scores[: len(ids)], dtype=np.float32)
     llm.close()
-    saved = np.load(cache) if cache and Path(cache).is_file() else None
+    # One saved pass per token sequence: files of one source measured on other texts (F16 on the fixed prompt,
+    # Q4_K_M on the evaluation text) each find their own.
+    saved_at = reference_cache(Path(cache), ids) if cache else None
+    saved = np.load(saved_at) if saved_at is not None and saved_at.is_file() else None
     if saved is not None and saved["ids"].tolist() == list(ids):
-        ref = saved["logits"].astype(np.float64)
+        ref = saved["logits"]
     else:
         t0 = time.monotonic()
         try:
-            logits = reference_logits(directory, ids)
+            ref = reference_logits(directory, ids)
         except ReferenceUnsupported as e:
             notes.append(f"logits not compared: {e}")
             return {"problems": problems, "metrics": metrics, "notes": notes}
         metrics["reference_seconds"] = round(time.monotonic() - t0, 3)
-        if cache:
-            np.savez(cache, ids=np.asarray(ids, np.int64), logits=logits)
-        ref = logits.astype(np.float64)
+        if saved_at is not None:
+            np.savez(saved_at, ids=np.asarray(ids, np.int64), logits=ref)
     ref = ref[:, : got.shape[1]]
     compared, found = compare_logits(got, ref, file_type, ids)
     metrics.update(compared)
     metrics["logits_positions"] = float(len(ids))
     return {"problems": problems + found, "metrics": metrics, "notes": notes}
+
+
+def reference_cache(cache: Path, ids: Sequence[int]) -> Path:
+    """Where the reference logits of one token sequence are saved beside `cache` (named by the ids' digest)."""
+    import hashlib
+
+    digest = hashlib.sha256(np.asarray(ids, np.int64).tobytes()).hexdigest()[:16]
+    return cache.with_name(f"{cache.stem}-{digest}{cache.suffix}")
+
+
+#: Positions compared at a time: float64 work arrays of rows × vocabulary stay small (64 × 152 K = 78 MB).
+COMPARE_ROWS = 64
 
 
 def compare_logits(got: np.ndarray[Any, Any], ref: np.ndarray[Any, Any], file_type: str,
@@ -266,6 +280,8 @@ def compare_logits(got: np.ndarray[Any, Any], ref: np.ndarray[Any, Any], file_ty
 
     Metrics: max difference, top-1 agreement, mean and 99th-percentile KL divergence over positions; with the
     evaluated `ids`, the perplexity of each side on them (each position predicting the next id) and their ratio.
+    Computed `COMPARE_ROWS` positions at a time in float64, so memory stays near the two logit arrays themselves
+    (512 positions of a 152 K vocabulary are 311 MB each in float32) whatever the number of positions.
     """
     from converters.gguf.reference import softmax
 
@@ -274,20 +290,36 @@ def compare_logits(got: np.ndarray[Any, Any], ref: np.ndarray[Any, Any], file_ty
     problems = [f"{who} logits have {_values(int(metrics[key]))}" for who, key in
                 (("llama.cpp's", "logits_nonfinite"), ("the float32 reference's", "reference_logits_nonfinite"))
                 if metrics[key]]
+    n = len(ref)
+    nxt = np.asarray(ids[1:], dtype=np.int64) if ids is not None and len(ids) > 1 else None
+    kl = np.empty(n, np.float64)
+    agree = 0
+    max_diff = total = total2 = nll_ref = nll_got = 0.0
     with np.errstate(all="ignore"):  # NaN and Inf give NaN metrics, which the bounds below fail
-        scale = float(ref.std()) or 1.0
-        p, q = softmax(ref), softmax(got)
-        metrics["logits_max_abs_diff"] = float(np.abs(got - ref).max())
-        metrics["logits_max_rel_diff"] = metrics["logits_max_abs_diff"] / scale
-        metrics["top1_agreement"] = float((got.argmax(-1) == ref.argmax(-1)).mean())
-        kl = np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1)
+        for start in range(0, n, COMPARE_ROWS):
+            r = ref[start:start + COMPARE_ROWS].astype(np.float64)
+            g = got[start:start + COMPARE_ROWS].astype(np.float64)
+            total, total2 = total + float(r.sum()), total2 + float(np.square(r).sum())
+            diff = float(np.abs(g - r).max(initial=0.0))
+            max_diff = diff if math.isnan(diff) else max(max_diff, diff)
+            agree += int((g.argmax(-1) == r.argmax(-1)).sum())
+            p, q = softmax(r), softmax(g)
+            kl[start:start + len(r)] = np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1)
+            if nxt is not None:
+                rows = np.arange(len(r))[: max(0, len(nxt) - start)]
+                at = nxt[start:start + len(rows)]
+                nll_ref -= float(np.log(p[rows, at] + 1e-30).sum())
+                nll_got -= float(np.log(q[rows, at] + 1e-30).sum())
+        count = max(1, ref.size)
+        scale = math.sqrt(max(0.0, total2 / count - (total / count) ** 2)) if math.isfinite(total2) else math.nan
+        metrics["logits_max_abs_diff"] = max_diff
+        metrics["logits_max_rel_diff"] = max_diff / (scale or 1.0)
+        metrics["top1_agreement"] = agree / max(1, n)
         metrics["kl_divergence"] = float(np.mean(kl))
         metrics["kl_divergence_p99"] = float(np.percentile(kl, 99))
-        if ids is not None and len(ids) > 1:
-            nxt = np.asarray(ids[1:], dtype=np.int64)
-            rows = np.arange(len(nxt))
-            metrics["perplexity_reference"] = float(np.exp(-np.mean(np.log(p[rows, nxt] + 1e-30))))
-            metrics["perplexity_llama_cpp"] = float(np.exp(-np.mean(np.log(q[rows, nxt] + 1e-30))))
+        if nxt is not None:
+            metrics["perplexity_reference"] = math.exp(nll_ref / len(nxt))
+            metrics["perplexity_llama_cpp"] = math.exp(nll_got / len(nxt))
             metrics["perplexity_ratio"] = metrics["perplexity_llama_cpp"] / metrics["perplexity_reference"]
     if file_type in LOGITS_REL_DIFF and not metrics["logits_max_rel_diff"] <= LOGITS_REL_DIFF[file_type]:
         problems.append(f"logits differ from the float32 reference by {metrics['logits_max_rel_diff']:.3g} std "

@@ -133,7 +133,7 @@ class ONNXConverter(ConverterBase):
         """`{"spec": "fp16,with-past"}` -> `{"dtype": "fp16", "quantize": None, "optimize": False, ...}`."""
         return parse_spec(spec_of("onnx", raw, GRAMMAR))
 
-    def check_config(self, config: dict[str, Any]) -> None:
+    def check_config(self, config: dict[str, Any], options: Options | None = None) -> None:
         """A model type the exporter covers (encoder or causal decoder), before any download."""
         try:
             from converters.onnx.export import classify

@@ -40,8 +40,8 @@ OPSET = 18
 IN_MEMORY_MAX_BYTES = 1_800_000_000
 
 ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "electra", "mpnet"})
-DECODER_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text",
-                           "qwen3_moe", "qwen2_moe", "mixtral"})
+DECODER_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "olmo2", "gemma", "gemma2",
+                           "gemma3_text", "qwen3_moe", "qwen2_moe", "mixtral"})
 #: Decoders whose transformers modules have no SDPA path (Gemma 2's soft-capped attention): exported eager.
 EAGER_TYPES = frozenset({"gemma2"})
 

@@ -63,8 +63,9 @@ def _gguf_tokens(budget: str | None, evaluation: str | None, eval_tokens: int | 
 @click.option("--budget", metavar="kl=0.02[,ppl=1.02,top1=0.9,kl99=0.2]",
               help="gguf:auto: the quality the chosen type must meet on the evaluation text (default kl=0.02).")
 @click.option("--evaluation", metavar="FILE|default",
-              help="GGUF: measure quality on this text (default for gguf:auto: the shipped one) instead of a prompt.")
-@click.option("--eval-tokens", type=int, metavar="N", help="GGUF: evaluate the text's first N tokens (default 1024).")
+              help="GGUF: measure quality on this text (default: the shipped one for every quantized type; "
+                   "F16/BF16/F32 use a fixed prompt unless given).")
+@click.option("--eval-tokens", type=int, metavar="N", help="GGUF: evaluate the text's first N tokens (default 512).")
 @click.option("--calibration", metavar="FILE|default",
               help="GGUF: compute an importance matrix on this text ('default': the one mreg ships), quantize with it.")
 @click.option("--calibration-ctx", type=int, metavar="N", help="GGUF: tokens per calibration chunk (default 512).")

@@ -122,7 +122,8 @@ def show_cmd(ref: str, memory_gib: float | None, context: int | None, cache_type
             imx = getattr(a.requirements, "imatrix", None)
             if imx is not None:
                 text = f", {imx.tokens} tokens" if imx.tokens is not None else ""
-                lines.append(f"  {'':<9} imatrix: {imx.file} (by {imx.made_by}; {imx.dataset or '?'}{text}, "
+                maker = "made by mreg" if imx.made_by == "mreg" else "given"
+                lines.append(f"  {'':<9} imatrix: {imx.file} ({maker}; {imx.dataset or '?'}{text}, "
                              f"{imx.chunks} chunks of {imx.chunk_size})")
             if a.weights_bytes is not None:
                 lines.append(f"  {'':<9} weights {human_size(a.weights_bytes)}")

@@ -152,9 +152,9 @@ class Converter(Protocol):
     def convert_many(self, requests: Sequence[ConversionRequest]) -> list[ConversionResult]:
         """Several targets (same source, same workdir) in one pass; each result names every file it wrote."""
 
-    def check_config(self, config: dict[str, Any]) -> None:
+    def check_config(self, config: dict[str, Any], options: Options | None = None) -> None:
         """Refuse (UsageError), from config.json alone and before any weight is downloaded, a model this converter
-        cannot take."""
+        cannot take with these (normalized) options; None: checked as what another target needs."""
 
     def gate_problems(self, artifact: Artifact | None, requirement: str) -> list[str]:
         """Why `artifact` fails `--require FORMAT[:ARGS]` (None: the version has none); empty when it passes."""
@@ -188,7 +188,7 @@ class ConverterBase:
         """One target after the other."""
         return [self.convert(r) for r in requests]
 
-    def check_config(self, config: dict[str, Any]) -> None:
+    def check_config(self, config: dict[str, Any], options: Options | None = None) -> None:
         """Any model: what the format cannot take is found when it converts."""
 
     def gate_problems(self, artifact: Artifact | None, requirement: str) -> list[str]:

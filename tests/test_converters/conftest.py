@@ -126,8 +126,10 @@ def build_with_transformers(dest: Path, kind: str, *, hidden: int = 64, layers: 
     vocab = json.loads((dest / "config.json").read_text())["vocab_size"]
     for p in [*dest.glob("*.safetensors*"), dest / "config.json"]:
         p.unlink()
-    classes = {"phi3": "Phi3Config", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig",
-               "qwen3moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig", "qwen2moe": "Qwen2MoeConfig"}
+    classes = {"phi3": "Phi3Config", "granite": "GraniteConfig", "olmo2": "Olmo2Config", "gemma": "GemmaConfig",
+               "gemma2": "Gemma2Config",
+               "gemma3": "Gemma3TextConfig", "qwen3moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig",
+               "qwen2moe": "Qwen2MoeConfig"}
     cfg = getattr(transformers, classes[kind])(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                                                num_attention_heads=4, num_key_value_heads=2,
                                                bos_token_id=1, eos_token_id=2, pad_token_id=None,
@@ -152,6 +154,11 @@ PHI3_LONGROPE = {"tie_word_embeddings": True, "max_position_embeddings": 256, "o
                                      "original_max_position_embeddings": 64}}
 
 
+#: Granite 3's multipliers (embeddings x12, attention scale 1/64, residual branches x0.22, logits / 8), tied.
+GRANITE = {"embedding_multiplier": 12.0, "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
+           "logits_scaling": 8.0, "tie_word_embeddings": True}
+#: Gemma (1): Gemma's norms, scaled embeddings and gelu-tanh, a head size of its own, tied embeddings.
+GEMMA = {"head_dim": 16}
 #: Gemma 2: both soft-caps, a window of 4 on layer 0 (layer 1 is global), a query scale from query_pre_attn_scalar.
 GEMMA2 = {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 4, "attn_logit_softcapping": 50.0,
           "final_logit_softcapping": 30.0}
@@ -185,6 +192,11 @@ BUILDERS: dict[str, Callable[..., Path]] = {
     "llama3-rope": build_llama3_rope,
     "phi3": lambda d, **kw: build_with_transformers(d, "phi3", **{**PHI3, **kw}),
     "phi3-longrope": lambda d, **kw: build_with_transformers(d, "phi3", **{**PHI3_LONGROPE, **kw}),
+    "gemma": lambda d, **kw: build_with_transformers(d, "gemma", **{**GEMMA, **kw}),
+    "granite": lambda d, **kw: build_with_transformers(d, "granite", **{**GRANITE, **kw}),
+    # OLMo 2: norms after attention and the MLP only, q/k norms over all heads at once; a BPE tokenizer (llama.cpp's
+    # converter reads OLMo's vocabulary as GPT-2's)
+    "olmo2": lambda d, **kw: build_with_transformers(d, "olmo2", **{"spm": False, **kw}),
     "gemma2": lambda d, **kw: build_with_transformers(d, "gemma2", **{**GEMMA2, **kw}),
     "gemma3": lambda d, **kw: build_with_transformers(d, "gemma3", **{**GEMMA3, **kw}),
     "qwen3moe": lambda d, **kw: build_with_transformers(d, "qwen3moe", **{**QWEN3MOE, **kw}),

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from support.cli import artifact, ok
 
-from converters.gguf.auto import CANDIDATES, bisect, size_order
+from converters.gguf.auto import CANDIDATES, WEIGHTED_CANDIDATES, bisect, size_order
 
 pytest.importorskip("llama_cpp")
 
@@ -48,12 +48,23 @@ def test_auto_picks_the_type_whose_kl_is_just_within_the_budget(mreg: Any, tiny_
     by_size = sorted(cands, key=lambda c: c["tensor_bytes"])
     tried = [c for c in by_size if c["tried"]]
     assert 2 <= len(tried) <= 4 and tried[-1] is by_size[-1]  # bisection climbs to the largest
-    # Bisection measured the third and second largest: with a budget between their KL it tries the same
-    # middle, then those two, and picks the second largest (Q8_0 is not needed).
-    small, large = by_size[-3], by_size[-2]
-    assert small["tried"] and large["tried"]
-    assert small["metrics"]["kl_divergence"] > large["metrics"]["kl_divergence"]
-    budget = math.sqrt(small["metrics"]["kl_divergence"] * large["metrics"]["kl_divergence"])
+    # A budget between two measured KLs whose whole search visits only measured candidates has a known answer:
+    # the smallest such answer below the largest type (Q8_0 not needed), found by running the same bisection.
+    kls = {i: c["metrics"]["kl_divergence"] for i, c in enumerate(by_size) if c["tried"]}
+    known = []
+    for a, b in zip(sorted(kls.values()), sorted(kls.values())[1:], strict=False):
+        budget = math.sqrt(a * b)
+        visited: list[int] = []
+
+        def meets(pos: int, budget: float = budget, visited: list[int] = visited) -> bool:
+            visited.append(pos)
+            return kls.get(pos, math.inf) <= budget
+
+        found, _ = bisect(len(by_size), meets)
+        if found is not None and all(v in kls for v in visited):
+            known.append((found, budget, len(visited)))
+    found, budget, steps = min(known)
+    large = by_size[found]
 
     doc = ok(mreg("convert", src, *common, "--budget", f"kl={budget:.6g}"))
     again = ok(mreg("convert", src, *common, "--budget", f"kl={budget:.6g}"))
@@ -61,7 +72,7 @@ def test_auto_picks_the_type_whose_kl_is_just_within_the_budget(mreg: Any, tiny_
     art, tree = artifact(store_root, "m", doc["version"], "gguf")
     sel = art["requirements"]["selection"]
     assert sel["chosen"] == large["type"] and art["requirements"]["quantization"] == large["type"]
-    assert sel["search"] == "bisection" and sel["tried"] == sum(c["tried"] for c in sel["candidates"]) == 3
+    assert sel["search"] == "bisection" and sel["tried"] == sum(c["tried"] for c in sel["candidates"]) == steps
     assert sel["budget"] == {"kl_divergence": float(f"{budget:.6g}")}
     assert art["verification"]["budget"] == sel["budget"]
     # Losers are discarded (their figures kept): the chosen file and the chart, nothing else.
@@ -122,3 +133,32 @@ def test_an_evaluation_text_of_ones_own_for_a_named_type(mreg: Any, tiny_model: 
     assert ev["text"] == "eval.txt" and ev["max_tokens"] == 40
     metrics = art["verification"]["metrics"]
     assert metrics["evaluation_tokens"] == 40 == metrics["logits_positions"] and "perplexity_ratio" in metrics
+
+
+def test_auto_with_an_importance_matrix_chooses_among_the_iq_types_too(mreg: Any, tiny_model: Callable[..., Path],
+                                                                     store_root: Path) -> None:
+    """With --calibration the matrix is made once, every candidate is quantized with it, and the 1- and 2-bit
+    IQ types are candidates: a budget everything meets takes the smallest file, an IQ type only a matrix allows."""
+    src = tiny_model("llama", **SHAPE)
+    doc = ok(mreg("convert", src, "--to", "gguf:auto", "--budget", "kl=1e9", "--calibration", "default",
+                  "--calibration-ctx", "64", "--eval-tokens", "32", "--name", "m", "--json"))
+    art, tree = artifact(store_root, "m", doc["version"], "gguf")
+    sel = art["requirements"]["selection"]
+    assert [c["type"] for c in sel["candidates"]] == list(WEIGHTED_CANDIDATES) == art["options"]["candidates"]
+    smallest = min(sel["candidates"], key=lambda c: c["tensor_bytes"])
+    assert sel["chosen"] == smallest["type"] and smallest["type"].startswith("IQ1")
+    assert 1 < sel["tried"] <= 5 and smallest["meets"]
+    imp = art["requirements"]["imatrix"]
+    assert imp["made_by"] == "mreg" and imp["chunk_size"] == 64 and art["options"]["calibration"]["chunk_size"] == 64
+    files = sorted(f["path"] for f in art["files"])
+    assert files == sorted(["auto.svg", f"m-{smallest['type']}.gguf", "m.imatrix.gguf"])
+    from converters.gguf.verify import gguf_reader
+
+    reader = gguf_reader(tree / f"m-{smallest['type']}.gguf")
+    assert reader.fields["quantize.imatrix.file"].contents() == "m.imatrix.gguf"
+    # Without a matrix: the types llama.cpp writes without one, IQ4_XS and IQ3_S/IQ3_M among them.
+    plain = mreg("convert", src, "--to", "gguf:auto", "--budget", "kl=1e-12", "--eval-tokens", "32", "--name", "p",
+                 "--json")
+    assert plain.exit_code == 6
+    assert [c["type"] for c in plain.json["error"]["details"]["candidates"]] == list(CANDIDATES)
+    assert {"IQ4_XS", "IQ3_M", "IQ3_S"} <= set(CANDIDATES) and not {"IQ2_M", "IQ1_S"} & set(CANDIDATES)

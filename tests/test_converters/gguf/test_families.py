@@ -29,10 +29,11 @@ gguf = pytest.importorskip("gguf")
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
 
-KINDS = ["phi3", "phi3-longrope", "phi3-vocab", "gemma2", "gemma3", "qwen3moe", "mixtral", "qwen2moe"]
+KINDS = ["phi3", "phi3-longrope", "phi3-vocab", "granite", "olmo2", "gemma", "gemma2", "gemma3", "qwen3moe", "mixtral",
+         "qwen2moe"]
 #: The tiny BPE tokenizer's check-text hash is in no table of llama.cpp's converter (it refuses it); for those the
 #: driver names the pre-tokenizer as mreg does (by its structure), and every other key and tensor is compared.
-PRE_NAMED = {"qwen3moe": "gpt-2", "qwen2moe": "gpt-2"}
+PRE_NAMED = {"qwen3moe": "gpt-2", "qwen2moe": "gpt-2", "olmo2": "gpt-2"}
 TYPES = ["F16", "Q8_0", "Q4_K_M"]
 #: Keys that name the file rather than describe the model (mreg names it after the model in the store).
 NAMING = ("general.name", "general.size_label", "general.tags", "general.type", "general.basename",
@@ -143,9 +144,14 @@ def test_file_equals_llama_cpps(kind: str, file_type: str, sources: dict[str, Pa
         shared_gate = ours["blk.0.ffn_gate_inp_shexp.weight"]
         assert shared_gate[:2] == ("F32", [64, 1] if file_type == "F16" else [64]), "as converter / quantizer write it"
         assert {"blk.0.ffn_up_shexp.weight", "blk.0.attn_q.bias"} <= set(ours)
+    if kind == "granite":
+        assert ours_meta["granite.logit_scale"] == 8.0 and ours_meta["granite.residual_scale"] == pytest.approx(0.22)
     if kind.startswith("gemma"):
         assert "output.weight" not in ours and ours_meta["tokenizer.ggml.add_space_prefix"] is False
-        assert ours_meta[f"{kind}.attention.sliding_window"] == 4
+        if kind == "gemma":  # no window; CodeGemma's end-of-turn id, whatever the vocabulary (as llama.cpp writes it)
+            assert ours_meta["tokenizer.ggml.eot_token_id"] == 107 and "gemma.attention.sliding_window" not in ours_meta
+        else:
+            assert ours_meta[f"{kind}.attention.sliding_window"] == 4
 
 
 @pytest.mark.parametrize("kind", KINDS)

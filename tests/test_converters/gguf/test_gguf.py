@@ -41,8 +41,11 @@ def test_each_architecture_converts_loads_and_tokenizes_like_hf(
     assert path.name == "m-Q8_0.gguf", "named after the model in the store"
     arch = {"qwen2": "qwen2", "qwen3": "qwen3"}.get(kind, "llama")
     assert art["requirements"]["architecture"] == arch and art["requirements"]["quantization"] == "Q8_0"
-    assert art["options"] == {"type": "Q8_0"} and "gguf" in art["tool_versions"]
+    assert art["options"]["type"] == "Q8_0" and "gguf" in art["tool_versions"]
+    # A quantized type's quality is measured on the shipped evaluation text by default (its digest in the key).
+    assert art["options"]["evaluation"]["text"] == "default" and art["options"]["evaluation"]["max_tokens"] == 512
     metrics = art["verification"]["metrics"]
+    assert metrics["evaluation_tokens"] == metrics["logits_positions"] >= 64 and "perplexity_ratio" in metrics
     assert metrics["llama_cpp_loaded"] == 1.0, "llama.cpp loads the file (llama-cpp-python is in the test extra)"
     assert metrics["tokenization_mismatches"] == 0.0 and metrics["tokenization_strings"] >= 5
     reader = gguf.GGUFReader(path)

@@ -20,7 +20,7 @@ from converters.gguf import imatrix
 from converters.gguf.converter import write
 from converters.gguf.mix import FILE_TYPES, MixParams, choose_types
 from converters.gguf.model import SafetensorsReader
-from converters.gguf.plan import plans
+from converters.gguf.plan import needs_imatrix, plans
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is in the test extra")
 gguf = pytest.importorskip("gguf")
@@ -372,7 +372,7 @@ def test_an_imatrix_from_llama_imatrix_converts_iq2_m_that_llama_cpp_loads(mreg:
     assert result.exit_code == 0, result.stderr + result.stdout
     art, tree = artifact(store_root, "iq2m", 1, "gguf")
     record = art["requirements"]["imatrix"]
-    assert record["made_by"] == "llama-imatrix" and record["chunk_size"] == CTX and record["tokens"] is None
+    assert record["made_by"] == "given" and record["chunk_size"] == CTX and record["tokens"] is None
     assert (tree / record["file"]).read_bytes() == calibrated["llama"].read_bytes()
     assert art["options"]["imatrix"]["sha256"] == record["sha256"] == imatrix.sha256_of(calibrated["llama"])
     v = art["verification"]
@@ -380,7 +380,7 @@ def test_an_imatrix_from_llama_imatrix_converts_iq2_m_that_llama_cpp_loads(mreg:
     assert v["budget"] == {"kl_divergence": 0.6} and "kl_divergence" in v["metrics"]
     assert art["requirements"]["tensor_types"].get("IQ2_S", 0) > 0
     shown = mreg("show", "iq2m@1")
-    assert shown.exit_code == 0 and f"imatrix: {record['file']} (by llama-imatrix" in shown.stdout, shown.stdout
+    assert shown.exit_code == 0 and f"imatrix: {record['file']} (given" in shown.stdout, shown.stdout
 
 
 @pytest.mark.parametrize("damage", ["truncated", "random", "nan", "negative", "not-imatrix-type", "no-counts"])
@@ -437,3 +437,17 @@ def test_computing_an_imatrix_keeps_memory_flat(tmp_path: Path) -> None:
     rss_small = _imatrix_peak_rss_mb(small, text, tmp_path / "small.imatrix.gguf")
     rss_large = _imatrix_peak_rss_mb(large, text, tmp_path / "large.imatrix.gguf")
     assert rss_large - rss_small < 40, f"peak RSS {rss_small:.0f} MB -> {rss_large:.0f} MB for 5x the weights"
+
+
+@pytest.mark.parametrize("width", [256, 64])
+def test_config_alone_refuses_exactly_what_the_full_plan_refuses(width: int, tiny_model: Callable[..., Path]) -> None:
+    """The check made before a hub download (config.json alone) names a tensor for a file type exactly when the
+    plan made from the weights does (64 wide: rows fall back to types that need no matrix, so neither refuses)."""
+    src = tiny_model("llama", hidden_size=width, intermediate_size=width, num_heads=4, num_kv_heads=1, num_layers=2)
+    config = json.loads((src / "config.json").read_text())
+    types = list(FILE_TYPES)
+    planned = plans(src, sorted(src.glob("*.safetensors")), types, "m")
+    for file_type, p in zip(types, planned, strict=True):
+        full = any(c.needs_imatrix for c in p.choices)
+        assert (needs_imatrix(config, file_type) is not None) == full, (width, file_type)
+    assert width != 256 or needs_imatrix(config, "IQ2_M") is not None

@@ -25,7 +25,10 @@ def test_logits_only(kind: str, mreg: Any, store_root: Path, tiny_model: Callabl
     assert art["verification"]["metrics"]["logits.top1_agreement"] == 1.0
 
 
-@pytest.mark.parametrize("kind", ["phi3", "gemma2", "gemma3", "qwen3moe", "mixtral", "qwen2moe"])
+KINDS_WITH_PAST = ["phi3", "granite", "olmo2", "gemma", "gemma2", "gemma3", "qwen3moe", "mixtral", "qwen2moe"]
+
+
+@pytest.mark.parametrize("kind", KINDS_WITH_PAST)
 def test_with_past_generates_like_transformers(kind: str, mreg: Any, store_root: Path,
                                                tiny_model: Callable[..., Path]) -> None:
     import onnx

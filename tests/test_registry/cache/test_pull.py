@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -205,6 +206,26 @@ def test_an_unsupported_architecture_is_refused_before_the_weights_download(mreg
     assert "not supported by --to" in error["message"] and "supported:" in error["hint"]
     assert ("MambaForCausalLM" if target.startswith("gguf") else "mamba") in error["message"]
     assert [p.rsplit("/", 1)[-1] for p in get_paths(hub)] == ["config.json"], "no weight was downloaded"
+
+
+def test_a_type_that_needs_an_importance_matrix_is_refused_before_the_weights_download(mreg: Any,
+                                                                                    hub: LocalHub) -> None:
+    """gguf:IQ2_M without --calibration or --imatrix: judged from config.json alone (exit 2, the hint names both
+    flags), the weights never requested; with --calibration the same source goes on to download."""
+    pytest.importorskip("gguf")
+    repo = files()
+    repo["config.json"] = json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                      "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+                                      "num_hidden_layers": 32, "vocab_size": 32000}).encode()
+    hub.add_commit("org/llama", repo)
+    r = mreg("convert", "org/llama", "--to", "gguf:IQ2_M", "--name", "m", "--endpoint", hub.endpoint, "--json")
+    assert r.exit_code == 2, r.stdout + r.stderr
+    error = r.json["error"]
+    assert "gguf:IQ2_M needs an importance matrix" in error["message"] and "--calibration" in error["hint"]
+    assert [p.rsplit("/", 1)[-1] for p in get_paths(hub)] == ["config.json"], "no weight was downloaded"
+    r = mreg("convert", "org/llama", "--to", "gguf:IQ2_M", "--calibration", "default", "--name", "m",
+             "--endpoint", hub.endpoint, "--json")
+    assert r.exit_code != 0 and "model.safetensors" in [p.rsplit("/", 1)[-1] for p in get_paths(hub)]
 
 
 def test_local_directory_import(mreg: Any, model_dir: Path, tmp_path: Path) -> None:
