@@ -310,8 +310,10 @@ class GGUFConverter(ConverterBase):
             raise UsageError(f"a budget ({', '.join(budget)}) chooses a type: it goes with gguf:auto, not {qtype}",
                              hint=f"use --to gguf:auto --budget {','.join(budget)}, or drop the budget")
         out: Options = {"type": qtype, **imatrix.options(qtype, importance)}
-        if text is not None or tokens is not None or qtype not in texts.PROMPT_TYPES:
+        if text is not None or tokens is not None:
             out["evaluation"] = texts.option(text or "default", tokens)
+        elif qtype not in texts.PROMPT_TYPES:
+            out["evaluation"] = texts.option("default", str(texts.IMPLICIT_TOKENS))
         return out
 
     def check_config(self, config: dict[str, Any], options: Options | None = None) -> None:

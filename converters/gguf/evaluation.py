@@ -4,9 +4,12 @@ Every quantized type is measured on it (`default` unless another is named); the 
 F16, BF16), whose check is integrity alone, keep a fixed prompt unless one is asked for. The default,
 `data/evaluation.txt`, was written for mreg (English prose about a harbour town and measurement, with
 Python, shell and TOML code; about 10 KiB, a few thousand tokens for a 32 K-150 K vocabulary). Only its
-first `max_tokens` tokens (default 512, one chunk of llama.cpp's perplexity tool, and never past the
-model's context) are evaluated. The text's sha256 and the cap are options, so part of the conversion
-key; the tokens evaluated are recorded with the metrics (`evaluation_tokens`).
+first `max_tokens` tokens are evaluated, never past the model's context: 512 (one chunk of llama.cpp's
+perplexity tool) when a text is asked for and for gguf:auto, whose choice rests on the figures; 128 when
+a named type is measured without being asked, a check that costs a few seconds at 1 B (the reference
+pass runs beside the write) rather than one that would double a Q8_0 conversion. The text's sha256 and
+the cap are options, so part of the conversion key; the tokens evaluated are recorded with the metrics
+(`evaluation_tokens`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from registry.errors import IntegrityError, UsageError
 
 DEFAULT = Path(__file__).parent / "data" / "evaluation.txt"
 DEFAULT_TOKENS = 512
+#: Tokens evaluated for a named quantized type when no evaluation was asked for.
+IMPLICIT_TOKENS = 128
 #: Types measured on the fixed prompt unless an evaluation text is asked for: their gate is integrity alone.
 PROMPT_TYPES = ("F32", "F16", "BF16")
 MAX_TOKENS = 1 << 16

@@ -65,7 +65,8 @@ def _gguf_tokens(budget: str | None, evaluation: str | None, eval_tokens: int | 
 @click.option("--evaluation", metavar="FILE|default",
               help="GGUF: measure quality on this text (default: the shipped one for every quantized type; "
                    "F16/BF16/F32 use a fixed prompt unless given).")
-@click.option("--eval-tokens", type=int, metavar="N", help="GGUF: evaluate the text's first N tokens (default 512).")
+@click.option("--eval-tokens", type=int, metavar="N", help="GGUF: evaluate the text's first N tokens (default 512; 128 "
+                   "for a named quantized type measured without --evaluation).")
 @click.option("--calibration", metavar="FILE|default",
               help="GGUF: compute an importance matrix on this text ('default': the one mreg ships), quantize with it.")
 @click.option("--calibration-ctx", type=int, metavar="N", help="GGUF: tokens per calibration chunk (default 512).")
