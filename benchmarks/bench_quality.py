@@ -9,6 +9,12 @@ top-1 agreement and the perplexity ratio that llama.cpp on the file gives agains
 
 Random weights make every quantization's KL larger and an importance matrix's gain smaller than on a trained
 model: the table shows the encodings' relative cost here, not what a real checkpoint loses.
+
+`--only llama-tools` (`bench_llama_tools`), on the same checkpoint: mreg's importance matrix of the shipped
+calibration text against llama.cpp's own `llama-imatrix` on the same text (F32 file, `-c 512 -t 2`), the two
+matrices compared; then `mreg convert --to gguf:Q4_K_M --imatrix` with mreg's matrix against
+`convert_hf_to_gguf.py --outtype f16` + `llama-quantize --imatrix` with the same file, wall time, memory and
+tensor bytes. The tools are built from the sdist (tests/support/llama_cpp_tools.py) into .nox/llama-tools.
 """
 
 from __future__ import annotations

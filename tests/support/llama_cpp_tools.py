@@ -38,8 +38,9 @@ COMMON_OPT = "-O1"
 #: What llama.cpp's CMake Release build gives the tools' own sources (imatrix.cpp's accumulation is there).
 TOOL_OPT = "-O3"
 #: The parts of vendor/llama.cpp the build reads.
-_TREES = ("common/", "include/", "ggml/include/", "vendor/nlohmann/", "vendor/sheredom/", "vendor/cpp-httplib/",
-          "tools/imatrix/", "tools/quantize/")
+#: (`src/llama-ext.h`: common/fit.cpp and common/speculative.cpp include libllama's staging API as ../src/)
+_TREES = ("common/", "include/", "ggml/include/", "src/llama-ext.h", "vendor/nlohmann/", "vendor/sheredom/",
+          "vendor/cpp-httplib/", "tools/imatrix/", "tools/quantize/")
 #: Sources CMake lists for common/ only behind an option (LLAMA_LLGUIDANCE).
 _SKIP = ("common/llguidance.cpp",)
 _TOOLS = {"llama-imatrix": ("tools/imatrix/imatrix.cpp",),
@@ -127,9 +128,12 @@ def _build(archive: Path, lib: Path, dest: Path, jobs: int) -> None:
     def obj_of(src: Path) -> Path:
         return objs / (str(src.relative_to(tree if src.is_relative_to(tree) else objs)).replace("/", "_") + ".o")
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
+    try:
         for f in [pool.submit(_compile, tree, src, obj_of(src), opt) for src, opt in work]:
             f.result()
+    finally:
+        pool.shutdown(cancel_futures=True)  # after a failure, compile nothing more
     archive_a = objs / "libllama-common.a"
     subprocess.run(["ar", "rcs", str(archive_a), *(str(obj_of(s)) for s in common)], check=True)
     for name, srcs in _TOOLS.items():
