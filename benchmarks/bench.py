@@ -15,6 +15,10 @@
    `skopeo copy` and oras-py on the same files (`--oci-gb` sets the size).
 8. (`bench_quality.py`) on the 1.1 B model: an importance matrix computed by mreg (timed), and the KL /
    perplexity table of F16 … IQ2_M with and without it, on the shipped evaluation text.
+9. (`bench_quality.py`, `--only llama-tools`, not in the default run) on the 1.1 B model: mreg's importance
+   matrix against llama.cpp's own `llama-imatrix` on the same text, and `mreg convert --imatrix` to Q4_K_M
+   against `convert_hf_to_gguf.py` + `llama-quantize --imatrix` with mreg's matrix (the tools built from the
+   sdist by tests/support/llama_cpp_tools.py, cached under .nox/llama-tools).
 
 Writes bench-results/bench.json. Needs about 15 GB of free disk in --workdir (default ./bench-work).
 """
@@ -421,8 +425,8 @@ def main() -> int:
     """Run the selected benchmarks and write bench-results/bench.json."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="bench-work")
-    ap.add_argument("--only", choices=["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt", "oci", "quality"],
-                    action="append")
+    ap.add_argument("--only", choices=["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt", "oci", "quality",
+                                         "llama-tools"], action="append")
     ap.add_argument("--oci-gb", type=float, default=2.0, help="size of the OCI benchmark's version (GB)")
     args = ap.parse_args()
     work = Path(args.workdir).absolute()
@@ -432,11 +436,12 @@ def main() -> int:
     chosen = args.only or ["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt", "oci", "quality"]
     from bench_gguf import bench_gguf
     from bench_oci import bench_oci
-    from bench_quality import bench_quality
+    from bench_quality import bench_llama_tools, bench_quality
 
     for key, fn in (("flips", bench_flips), ("register", bench_register), ("pull", bench_repull), ("s3", bench_s3),
                     ("gguf", bench_gguf), ("onnx", bench_onnx), ("tensorrt", bench_tensorrt),
-                    ("oci", lambda w, r: bench_oci(w, r, args.oci_gb)), ("quality", bench_quality)):
+                    ("oci", lambda w, r: bench_oci(w, r, args.oci_gb)), ("quality", bench_quality),
+                    ("llama-tools", bench_llama_tools)):
         if key in chosen:
             fn(work, results)
     out = Path("bench-results")

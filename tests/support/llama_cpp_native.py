@@ -5,10 +5,11 @@
 - `imatrix_by_eval_callback`: an importance matrix accumulated from llama.cpp's eval callback exactly as
   tools/imatrix/imatrix.cpp accumulates it, on the same chunks llama-imatrix feeds.
 
-Why not build llama.cpp's own tools: `llama-imatrix` and `llama-quantize` link llama.cpp's `common/`
-library (argument parsing, chat templates, downloads, JSON), dozens of files that take minutes on two
-cores; these programs take the part that defines the result (the accumulation, the map handed to the
-quantizer) and compile in about 3 s. They are compiled with g++ against the headers of llama-cpp-python's
+llama.cpp's own `llama-imatrix` and `llama-quantize` are built too (support/llama_cpp_tools.py, used by
+test_llama_tools.py), but they link llama.cpp's `common/` library: 101 s of compiling on two cores. These
+programs take the part that defines the result (the accumulation, the map handed to the quantizer) and
+compile in about 3 s; the tests that run many quantizations (a mixture's experts, the dry-run type mixes)
+use them. They are compiled with g++ against the headers of llama-cpp-python's
 source package (`MREG_LLAMA_CPP_SDIST`, the version installed) and the installed package's
 `libllama.so`, once per source/library/header combination, into a cache directory.
 """
