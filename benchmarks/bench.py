@@ -19,6 +19,8 @@
    matrix against llama.cpp's own `llama-imatrix` on the same text, and `mreg convert --imatrix` to Q4_K_M
    against `convert_hf_to_gguf.py` + `llama-quantize --imatrix` with mreg's matrix (the tools built from the
    sdist by tests/support/llama_cpp_tools.py, cached under .nox/llama-tools).
+10. (`bench_moe.py`) a 3.6 GB Mixtral-shaped checkpoint (8 experts in each of 24 layers) pulled and converted
+   to F16 and Q4_K_M against llama.cpp's converter and quantizer, and the same experts as 32 per layer (`--only moe`).
 
 Writes bench-results/bench.json. Needs about 15 GB of free disk in --workdir (default ./bench-work).
 """
@@ -426,22 +428,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="bench-work")
     ap.add_argument("--only", choices=["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt", "oci", "quality",
-                                         "llama-tools"], action="append")
+                                         "llama-tools", "moe"], action="append")
     ap.add_argument("--oci-gb", type=float, default=2.0, help="size of the OCI benchmark's version (GB)")
     args = ap.parse_args()
     work = Path(args.workdir).absolute()
     _rm(work)
     work.mkdir(parents=True)
     results: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
-    chosen = args.only or ["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt", "oci", "quality"]
+    chosen = args.only or ["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt", "oci", "quality", "moe"]
     from bench_gguf import bench_gguf
+    from bench_moe import bench_moe
     from bench_oci import bench_oci
     from bench_quality import bench_llama_tools, bench_quality
 
     for key, fn in (("flips", bench_flips), ("register", bench_register), ("pull", bench_repull), ("s3", bench_s3),
                     ("gguf", bench_gguf), ("onnx", bench_onnx), ("tensorrt", bench_tensorrt),
                     ("oci", lambda w, r: bench_oci(w, r, args.oci_gb)), ("quality", bench_quality),
-                    ("llama-tools", bench_llama_tools)):
+                    ("llama-tools", bench_llama_tools), ("moe", bench_moe)):
         if key in chosen:
             fn(work, results)
     out = Path("bench-results")

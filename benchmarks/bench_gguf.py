@@ -91,13 +91,13 @@ def write_bf16_shards(dest: Path, shapes: list[tuple[str, tuple[int, ...]]]) -> 
                                                                    "weight_map": index}, indent=2))
 
 
-def build_tinyllama(dest: Path, llama_cpp: Path | None) -> tuple[Path, str]:
-    """The TinyLlama-shaped bf16 checkpoint, weights streamed to disk, and which tokenizer it has.
+def llama2_tokenizer(dest: Path, llama_cpp: Path | None) -> str:
+    """A tiny llama directory carrying Llama 2's tokenizer, its weights removed; which tokenizer it has.
 
-    TinyLlama's tokenizer is Llama 2's SentencePiece model (32 000 pieces); llama.cpp's vocabulary
-    file of it, written back as tokenizer.model, is that tokenizer. Without llama.cpp's source, a
-    SentencePiece model trained on the test corpus stands in (400 pieces: the prompt that verification
-    evaluates is then twice as many tokens).
+    Llama 2's tokenizer is a SentencePiece model (32 000 pieces); llama.cpp's vocabulary file of it,
+    written back as tokenizer.model, is that tokenizer. Without llama.cpp's source, a SentencePiece
+    model trained on the test corpus stands in (400 pieces: the prompt that verification evaluates is
+    then twice as many tokens).
     """
     from support.llama_cpp_source import build_model, read_vocab
     from test_converters.conftest import build_spm_llama
@@ -110,6 +110,13 @@ def build_tinyllama(dest: Path, llama_cpp: Path | None) -> tuple[Path, str]:
         tokenizer = "SentencePiece trained on the test corpus (400 pieces): llama.cpp's source unavailable"
     for p in dest.glob("*.safetensors*"):
         p.unlink()
+    return tokenizer
+
+
+def build_tinyllama(dest: Path, llama_cpp: Path | None) -> tuple[Path, str]:
+    """The TinyLlama-shaped bf16 checkpoint (TinyLlama's tokenizer is Llama 2's), weights streamed to disk,
+    and which tokenizer it has."""
+    tokenizer = llama2_tokenizer(dest, llama_cpp)
     c = TINYLLAMA
     h, inter, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     kv = h // c["num_attention_heads"] * c["num_key_value_heads"]
@@ -250,13 +257,18 @@ def _capped(cmd: list[str], env: dict[str, str], limit_mb: int, cwd: Path | None
             "oom_kills": killed.get("oom_kill", 0)}
 
 
-def _llama_quantize(src: Path, dest: Path, env: dict[str, str], ftype: int = 15) -> float | None:
-    """llama.cpp's own llama_model_quantize (2 threads), same machine and moment: the reference second step."""
+def llama_quantize_cmd(src: Path, dest: Path, ftype: int = 15) -> list[str]:
+    """llama.cpp's own llama_model_quantize (2 threads) through llama-cpp-python: the reference second step."""
     code = ("import ctypes, sys, llama_cpp\n"
             "p = llama_cpp.llama_model_quantize_default_params(); p.ftype = int(sys.argv[3]); p.nthread = 2\n"
             "sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))")
+    return [sys.executable, "-c", code, str(src), str(dest), str(ftype)]
+
+
+def _llama_quantize(src: Path, dest: Path, env: dict[str, str], ftype: int = 15) -> float | None:
+    """llama_model_quantize's wall seconds (None where it fails), same machine and moment as mreg's runs."""
     try:
-        wall, _, _ = _timed([sys.executable, "-c", code, str(src), str(dest), str(ftype)], env, warm=[src])
+        wall, _, _ = _timed(llama_quantize_cmd(src, dest, ftype), env, warm=[src])
     except subprocess.CalledProcessError:
         return None
     dest.unlink(missing_ok=True)
@@ -265,12 +277,13 @@ def _llama_quantize(src: Path, dest: Path, env: dict[str, str], ftype: int = 15)
 
 def _mreg_convert(mreg: str, src: Path, types: tuple[str, ...], name: str, env: dict[str, str],
                   work: Path) -> tuple[float, dict[str, float], list[dict[str, Any]]]:
+    """`mreg convert` timed after `settle` (the cache read in): wall, memory and the artifact records."""
     targets = [a for t in types for a in ("--to", f"gguf:{t}")]
     wall, mem, stdout = _timed([mreg, "convert", str(src), *targets, "--name", name, "--json"], env,
-                               warm=[work / "gguf-cache"])
+                               warm=[Path(env.get("MREG_CACHE_DIR", work / "gguf-cache"))])
     doc = json.loads(stdout)
-    manifest = json.loads((work / "gguf-store" / "models" / name / "versions" / str(doc["version"])
-                           / "manifest.json").read_text())
+    manifest = json.loads((Path(env.get("MREG_STORE", work / "gguf-store")) / "models" / name / "versions"
+                           / str(doc["version"]) / "manifest.json").read_text())
     return wall, mem, manifest["artifacts"]
 
 

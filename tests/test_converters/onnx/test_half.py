@@ -1,7 +1,9 @@
 """`--to onnx:fp16` in half precision end to end, and the memory plan that refuses what cannot fit.
 
 fp16 loads, traces and writes the model in float16 (no float32 copy of the weights at any point); its
-reference is float32 compute over those weights, one module upcast at a time. A checkpoint whose
+reference is float32 compute over those weights, one module upcast at a time. Qwen3, Gemma 2 (soft-caps, a
+sliding window the generation runs past) and Qwen3-MoE (eight experts routed per token) each generate 16 tokens
+from two prompts through the with-past graph, as transformers does. A checkpoint whose
 weights float16 holds exactly shows that this reference is the float32 model's own. The plan is
 read from the safetensors headers before any weight is loaded; a model that cannot fit is refused
 with exit 7 and both numbers.
@@ -21,7 +23,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("torch")
 
 
-def test_fp16_exports_from_a_float16_model_and_generates(mreg: Any, store_root: Path,
+@pytest.mark.parametrize("kind", ["qwen3", "gemma2", "qwen3moe"])
+def test_fp16_exports_from_a_float16_model_and_generates(kind: str, mreg: Any, store_root: Path,
                                                          tiny_model: Callable[..., Path]) -> None:
     import onnx
 
@@ -31,18 +34,22 @@ def test_fp16_exports_from_a_float16_model_and_generates(mreg: Any, store_root: 
     real = ex.load
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ex, "load", lambda d, task, half=False: loaded.append(half) or real(d, task, half))
-        doc = convert(mreg, tiny_model("qwen3"), "onnx:fp16,with-past")
+        doc = convert(mreg, tiny_model(kind), "onnx:fp16,with-past")
     assert loaded == [True], "loaded once, in float16"
     art, tree = artifact(store_root, "m", doc["version"], "onnx")
     v = art["verification"]
     assert v["status"] == "passed", v["detail"]
     assert v["metrics"]["logits.min_cosine"] >= 0.999 and v["metrics"]["weights.float16_weight_nonfinite"] == 0.0
-    assert v["metrics"]["generation.tokens"] == 32.0
+    assert v["metrics"]["generation.tokens"] == 32.0 and v["metrics"]["generation.tokens_equal"] == 1.0
+    assert v["metrics"]["logits.top1_agreement"] == 1.0
     graph = onnx.load(str(tree / "model.onnx"), load_external_data=False).graph
     weights = [t for t in graph.initializer if len(t.dims) == 2]
     assert weights and all(t.data_type == onnx.TensorProto.FLOAT16 for t in weights), "weights written in float16"
     types = {i.name: i.type.tensor_type.elem_type for i in [*graph.input, *graph.output]}
     assert types["logits"] == onnx.TensorProto.FLOAT and types["present.0.key"] == onnx.TensorProto.FLOAT16
+    if kind == "qwen3moe":  # every expert of both layers written in float16 and routed at run time
+        assert len(weights) >= 2 * 8 * 2, "gate-and-up and down of eight experts in two layers"
+        assert sum(1 for n in graph.node if n.op_type == "NonZero") >= 8 * 2
 
 
 def test_the_half_reference_is_the_float32_models_own(tmp_path: Path) -> None:
