@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from converters.gguf import overlap
 from converters.gguf.llama import SETTINGS, describe_exit, load
 from converters.gguf.plan import EncodedTensor, GGUFPlan
 from manifests import SourceInfo, Verification
@@ -183,11 +184,8 @@ def start_runtime(path: Path, file_type: str, directory: Path, cache: Path | Non
            str(cache) if cache is not None else ""]
     if evaluation is not None:
         cmd += [str(evaluation[0]), str(evaluation[1])]
-    root = Path(__file__).resolve().parents[2]
-    # The reference forward pass runs its own thread pool: OpenBLAS threads on top of it are many times slower.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-           "OPENBLAS_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=overlap.child_env())
 
 
 def finish_runtime(child: subprocess.Popen[str] | str) -> tuple[list[str], dict[str, float], list[str]]:
@@ -239,6 +237,8 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str, evaluat
     llm.eval(ids)
     got = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
     llm.close()
+    if cache:
+        overlap.wait_for(Path(cache))  # a reference pass started beside the write (converters.gguf.overlap)
     saved = np.load(cache) if cache and Path(cache).is_file() else None
     if saved is not None and saved["ids"].tolist() == list(ids):
         ref = saved["logits"].astype(np.float64)
@@ -258,6 +258,32 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str, evaluat
     metrics.update(compared)
     metrics["logits_positions"] = float(len(ids))
     return {"problems": problems + found, "metrics": metrics, "notes": notes}
+
+
+def run_reference(directory: Path, cache: Path, evaluation: str = "", cap: int = 0) -> dict[str, float]:
+    """The reference child's work (`converters.gguf.overlap`): the ids the verification will evaluate, their
+    reference logits, saved to `cache` under a temporary name and renamed; its seconds (nothing: no cache)."""
+    import time
+
+    from converters.gguf.reference import ReferenceUnsupported, reference_logits
+
+    hf = _hf_tokenize(directory)
+    if hf is None:  # llama.cpp's own tokenization gives the ids then: the verification computes the reference
+        return {}
+    text = Path(evaluation).read_text(encoding="utf-8") if evaluation else PROMPT
+    ids = list(hf(text))
+    if evaluation:
+        ids = ids[:cap]
+    t0 = time.monotonic()
+    try:
+        logits = reference_logits(directory, ids)
+    except ReferenceUnsupported:
+        return {}  # the verification meets the same refusal and records it
+    seconds = time.monotonic() - t0
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, ids=np.asarray(ids, np.int64), logits=logits)
+    os.replace(tmp, cache)
+    return {"seconds": round(seconds, 3)}
 
 
 def compare_logits(got: np.ndarray[Any, Any], ref: np.ndarray[Any, Any], file_type: str,
@@ -327,6 +353,16 @@ def nonfinite_problems(plan: GGUFPlan, encoded: Sequence[EncodedTensor], limit: 
     return lines[:limit] + ([f"and {len(lines) - limit} more"] if len(lines) > limit else [])
 
 
+def evaluation_text(plan: GGUFPlan, evaluation: dict[str, Any] | None) -> tuple[Path, int] | None:
+    """The evaluation text's path and how many of its tokens are evaluated (None: the fixed prompt)."""
+    from converters.gguf import evaluation as texts
+
+    if evaluation is None:
+        return None
+    context = next((int(v) for k, v in plan.model.metadata if k.endswith(".context_length")), None)
+    return texts.path_of(evaluation), min(int(evaluation["max_tokens"]), context or texts.MAX_TOKENS)
+
+
 def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directory: Path,
            source: SourceInfo, reference_cache: Path | None = None,
            evaluation: dict[str, Any] | None = None) -> Verification:
@@ -334,11 +370,7 @@ def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directo
     `--evaluation` option; None: the fixed prompt)."""
     from converters.gguf import evaluation as texts
 
-    text = None
-    if evaluation is not None:
-        context = next((int(v) for k, v in plan.model.metadata if k.endswith(".context_length")), None)
-        text = (texts.path_of(evaluation), min(int(evaluation["max_tokens"]), context or texts.MAX_TOKENS))
-    child = start_runtime(path, plan.file_type, directory, reference_cache, text)
+    child = start_runtime(path, plan.file_type, directory, reference_cache, evaluation_text(plan, evaluation))
     try:
         problems = check_file(path, plan, encoded)
     except BaseException:
@@ -396,5 +428,9 @@ if __name__ == "__main__":
     import json
     import sys
 
-    extra = (sys.argv[5], int(sys.argv[6])) if len(sys.argv) > 6 else ("", 0)
-    print(json.dumps(run_runtime(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], *extra)))
+    if sys.argv[1] == "--reference":
+        given = (sys.argv[4], int(sys.argv[5])) if len(sys.argv) > 5 else ("", 0)
+        print(json.dumps(run_reference(Path(sys.argv[2]), Path(sys.argv[3]), *given)))
+    else:
+        extra = (sys.argv[5], int(sys.argv[6])) if len(sys.argv) > 6 else ("", 0)
+        print(json.dumps(run_runtime(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], *extra)))
