@@ -11,7 +11,8 @@ The conversion plans everything from config.json, the tokenizer files and the sa
 first (an unsupported model fails before any output), then streams: rows of one tensor at a time
 are read from the shards (pread), encoded on every core, written in order and hashed on the way.
 The file is then re-opened with gguf's reader and, when llama-cpp-python is installed, loaded by
-llama.cpp (see `converters.gguf.verify`).
+llama.cpp (see `converters.gguf.verify`), whose logits are compared with the float32 reference pass
+started beside the write (`converters.gguf.overlap`); the file's fsync runs beside its verification.
 """
 
 from __future__ import annotations

@@ -207,7 +207,8 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str, evaluat
     """The child process's work: load with llama.cpp, compare tokenization and logits with the reference.
 
     The reference runs after llama.cpp has let go of the file. With `cache` (an .npz path), several
-    files of one source compute it once: the first saves ids and logits there, the others read them.
+    files of one source compute it once: the first saves ids and logits there, the others read them; a
+    pass started beside the write (`converters.gguf.overlap`) is waited for and its saved logits used.
     With `evaluation` (a text file), its first `cap` tokens are evaluated instead of the fixed prompt.
     Kept in one piece (70 lines): it is the whole life of a child process, its steps sharing one loaded model.
     """

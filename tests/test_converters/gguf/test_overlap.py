@@ -72,7 +72,12 @@ def test_the_verification_waits_for_a_running_pass(tmp_path: Path) -> None:
     fd = os.open(overlap.lock_path(cache), os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     waited = threading.Event()
-    t = threading.Thread(target=lambda: (overlap.wait_for(cache), waited.set()))
+
+    def wait() -> None:
+        overlap.wait_for(cache)
+        waited.set()
+
+    t = threading.Thread(target=wait)
     t.start()
     time.sleep(0.3)
     assert not waited.is_set(), "read before the pass let go of its lock"
@@ -95,7 +100,8 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process tree from /proc (Linux)")
+@pytest.mark.skipif(not Path(f"/proc/self/task/{os.getpid()}/children").exists(),
+                    reason="reads the process tree from /proc (Linux, CONFIG_PROC_CHILDREN)")
 def test_a_killed_conversion_leaves_no_pass_running_and_nothing_published(mreg: Any, store_root: Path,
                                                                          tiny_model: Callable[..., Path]) -> None:
     """SIGKILL while the file is written and the pass runs: the pass dies with it, no version is visible, and the
