@@ -28,11 +28,12 @@ import numpy as np
 
 from converters.gguf import overlap
 from converters.gguf.llama import SETTINGS, describe_exit, load
-from converters.gguf.plan import EncodedTensor, GGUFPlan
-from manifests import SourceInfo, Verification
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the child processes import this module: the manifests' models stay out of their start)
     from gguf import GGUFReader
+
+    from converters.gguf.plan import EncodedTensor, GGUFPlan
+    from manifests import SourceInfo, Verification
 
 
 #: Largest relative RMS error of a tensor's encoding (measured on Gaussian weights, with margin). The error is
@@ -370,6 +371,7 @@ def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directo
     """Run every check that can run here and return the verification record (`evaluation`: the normalized
     `--evaluation` option; None: the fixed prompt)."""
     from converters.gguf import evaluation as texts
+    from manifests import Verification
 
     child = start_runtime(path, plan.file_type, directory, reference_cache, evaluation_text(plan, evaluation))
     try:
