@@ -140,3 +140,27 @@ def test_a_killed_conversion_leaves_no_pass_running_and_nothing_published(mreg: 
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["version"] == 1
     assert not [p for p in (store_root / "tmp").glob("stage-*") if p.is_dir()], "the killed run's tree is swept"
+
+
+def test_the_file_is_durable_before_the_registry_gets_it(mreg: Any, tiny_model: Callable[..., Path],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fsync runs beside the verification, and is over when the converter hands the file on."""
+    from converters.gguf.converter import GGUFConverter
+    from registry import atomic
+
+    synced: list[str] = []
+    real_fsync, real_convert = atomic.fsync_file, GGUFConverter.convert_many
+
+    def fsync_file(path: Path) -> None:
+        real_fsync(path)
+        synced.append(Path(path).name)
+
+    def convert_many(self: Any, requests: Any) -> Any:
+        results = real_convert(self, requests)
+        assert synced == ["m-F16.gguf"], "handed on before its fsync was over"
+        return results
+
+    monkeypatch.setattr(atomic, "fsync_file", fsync_file)
+    monkeypatch.setattr(GGUFConverter, "convert_many", convert_many)
+    r = mreg("convert", tiny_model("llama"), "--to", "gguf:F16", "--name", "m", "--json")
+    assert r.exit_code == 0, r.stderr
