@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import IO
 
 CHUNK = 4 << 20
+#: Bytes written between two early writebacks of a file being written.
+WRITEBACK = 256 << 20
 
 
 def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
@@ -37,15 +39,30 @@ def file_chunks(path: Path) -> Iterator[bytes]:
 
 
 def write_hashed(dest: Path, chunks: Iterable[bytes], on_bytes: Callable[[int], None] | None = None) -> str:
-    """Write chunks to a new file (never an existing one), fsync it, and return the sha256 of what was written."""
+    """Write chunks to a new file (never an existing one), fsync it, and return the sha256 of what was written.
+
+    Every `WRITEBACK` bytes a thread has the kernel write out what is there so far (fdatasync), so that the
+    disk works while the rest is read and hashed rather than all at the final fsync.
+    """
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     h = hashlib.sha256()
-    with open(dest, "xb") as f:
+    written = 0
+    synced: Future[None] | None = None
+    with open(dest, "xb") as f, ThreadPoolExecutor(max_workers=1, thread_name_prefix="writeback") as syncer:
         for chunk in chunks:
             h.update(chunk)
             f.write(chunk)
+            before, written = written, written + len(chunk)
+            if before // WRITEBACK != written // WRITEBACK and (synced is None or synced.done()):
+                if synced is not None:
+                    synced.result()
+                synced = syncer.submit(os.fdatasync, f.fileno())
             if on_bytes is not None:
                 on_bytes(len(chunk))
         f.flush()
+        if synced is not None:
+            synced.result()
         os.fsync(f.fileno())
     return h.hexdigest()
 

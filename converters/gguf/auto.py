@@ -8,7 +8,7 @@ Thirteen candidates (22 with an importance matrix, which admits the 1- and 2-bit
 four (five) conversions instead of up to thirteen (22) from the smallest up, which would also start
 with the likeliest failures. With `--calibration` or `--imatrix` the matrix is made or read once and
 every candidate is quantized with it, as llama-quantize does. The reference forward pass runs
-once and is shared (`.mreg-reference.npz`). A candidate that loses is deleted as soon as it is
+once and is shared (`.mreg-reference-*.npz`). A candidate that loses is deleted as soon as it is
 judged, its figures kept: the version holds the chosen file, the chart (`auto.svg`) and, in the
 manifest, every candidate's size and, for those tried, quality. If quality is not monotone on a
 model, bisection can miss a smaller type that would pass: the chart shows what was tried.

@@ -13,7 +13,8 @@ The conversion plans everything from config.json, the tokenizer files and the sa
 first (an unsupported model fails before any output), then streams: rows of one tensor at a time
 are read from the shards (pread), encoded on every core, written in order and hashed on the way.
 The file is then re-opened with gguf's reader and, when llama-cpp-python is installed, loaded by
-llama.cpp (see `converters.gguf.verify`).
+llama.cpp (see `converters.gguf.verify`), whose logits are compared with the float32 reference pass
+started beside the write (`converters.gguf.overlap`); the file's fsync runs beside its verification.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from converters.gguf import auto, imatrix, quality
+from converters.gguf import auto, imatrix, overlap, quality
 from converters.gguf import evaluation as texts
 from converters.gguf.file import HashingWriter, header
 from converters.gguf.mix import FILE_TYPES
@@ -43,6 +44,7 @@ from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan, chec
 from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, needs_imatrix, plans
 from converters.gguf.quants import Floats, backend, ggml_available, needs_ggml, nonfinite, quantize
 from manifests import Artifact, GGUFImportance, GGUFRequirements, GGUFSelection, Manifest, Verification
+from registry import atomic
 from registry.convert.configs import check_configs
 from registry.convert.protocol import (
     ConversionRequest,
@@ -58,6 +60,8 @@ from registry.convert.protocol import (
 from registry.errors import UsageError
 from registry.progress import NoProgress, Progress
 
+#: The reference forward pass's ids and logits, saved once for every file and candidate of one source.
+REFERENCE_CACHE = ".mreg-reference.npz"
 #: The chart of gguf:auto's trade-off, in the artifact's directory.
 AUTO_CHART = "auto.svg"
 #: Elements encoded per work item: small enough to keep memory flat, large enough to amortize numpy calls.
@@ -165,13 +169,14 @@ def _jobs(model: ModelPlan, reader: SafetensorsReader) -> Iterator[tuple[int, Te
 
 
 def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: SafetensorsReader, workers: int,
-          progress: Progress | None = None,
-          importance: Sequence[imatrix.Importance | None] = ()) -> list[tuple[str, list[EncodedTensor]]]:
+          progress: Progress | None = None, importance: Sequence[imatrix.Importance | None] = (), *,
+          durable: bool = True) -> list[tuple[str, list[EncodedTensor]]]:
     """Stream one file per plan (same model, other types) from one read of the source.
 
     Each chunk of rows is read once, encoded in a pool for every plan, and written in order into
     every file, which is hashed on the way; the pool runs only a few chunks ahead of the writer.
-    `importance`, per plan: the importance matrix to quantize with, or None.
+    `importance`, per plan: the importance matrix to quantize with, or None. With `durable` False the
+    files are not fsynced: the caller does it before they are used (beside their verification).
     """
     progress = progress or NoProgress()
     stats = [[_Stats() for _ in p.infos] for p in planned]
@@ -213,11 +218,28 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
             for out in outs:
                 out.pad()
             current += 1
-        digests = [out.close() for out in outs]
+        digests = [out.close(durable=durable) for out in outs]
     return [(digest, [EncodedTensor(info, choice, st.head, st.tail, _rel_rmse(st), st.maxerr, st.source_nonfinite,
                                     st.encoded_nonfinite)
                       for info, choice, st in zip(p.infos, p.choices, pstats, strict=True)])
             for digest, p, pstats in zip(digests, planned, stats, strict=True)]
+
+
+def _start_reference(directory: Path, cache: Path, evaluation: tuple[Path, int] | None) -> overlap.Ahead | None:
+    """The float32 reference pass, started in a child beside the write where llama.cpp will compare against it."""
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:  # no runtime check, so no reference to compare with
+        return None
+    return overlap.start(directory, cache, evaluation)
+
+
+def _ahead_metrics(ahead: overlap.Ahead, metrics: dict[str, float]) -> dict[str, float]:
+    """The reference pass's seconds when it ran beside the write (and the verification used its logits)."""
+    seconds = overlap.finish(ahead)
+    if seconds is None or "reference_seconds" in metrics:  # it failed, or the verification computed its own
+        return {}
+    return {"reference_seconds": seconds, "reference_overlapped": 1.0}
 
 
 def _fitting(weights: Floats | None, t: TensorPlan) -> Floats | None:
@@ -378,34 +400,55 @@ class GGUFConverter(ConverterBase):
             planned = [replace(p, metadata=[*p.metadata, *made[1]]) if w else p
                        for p, w in zip(planned, weighted, strict=True)]
         dests = [r.workdir / f"{base}-{t}.gguf" for r, t in zip(requests, types, strict=True)]
-        reader = SafetensorsReader()
-        size = sum(i.nbytes for p in planned for i in p.infos)
-        first.progress.start(", ".join(d.name for d in dests), size)
-        t0 = time.monotonic()
+        # Several types of one source share the reference forward pass, which starts beside the write.
+        cache = directory / REFERENCE_CACHE
+        ahead = _start_reference(directory, cache, gguf_verify.evaluation_text(planned[0],
+                                                                                first.options.get("evaluation")))
+        stack = contextlib.ExitStack()
         try:
-            written = write(planned, dests, reader, max(1, os.cpu_count() or 1), first.progress, imps)
+            written, write_s = self._write(planned, dests, first.progress, imps)
+            # The files' last bytes reach the disk while they are verified (the verification reads the page
+            # cache); the registry gets them, and links them as blobs, only once they are there.
+            syncs = stack.enter_context(ThreadPoolExecutor(max_workers=len(dests), thread_name_prefix="fsync"))
+            durable = [syncs.submit(atomic.fsync_file, d) for d in dests]
+            results: list[ConversionResult] = []
+            for r, p, dest, (digest, encoded) in zip(requests, planned, dests, written, strict=True):
+                t1 = time.monotonic()
+                verification = gguf_verify.verify(dest, p, encoded, directory, first.source, cache,
+                                                  r.options.get("evaluation"))
+                metrics = {**verification.metrics, "write_seconds": round(write_s, 3),
+                           "verify_seconds": round(time.monotonic() - t1, 3)}
+                if ahead is not None and not results:
+                    metrics |= _ahead_metrics(ahead, metrics)
+                if len(planned) > 1:
+                    metrics["files_written_together"] = float(len(planned))
+                record = made[2] if made and weighted[len(results)] else None
+                results.append(self._result(p, dest, digest, encoded,
+                                            verification.model_copy(update={"metrics": metrics}), record))
+            for d in durable:
+                d.result()
         finally:
-            reader.close()
-            first.progress.done()
-        write_s = time.monotonic() - t0
-        results: list[ConversionResult] = []
-        # Several types of one source share the reference forward pass: the first file's check saves it.
-        cache = directory / ".mreg-reference.npz" if len(planned) > 1 else None
-        for r, p, dest, (digest, encoded) in zip(requests, planned, dests, written, strict=True):
-            t1 = time.monotonic()
-            verification = gguf_verify.verify(dest, p, encoded, directory, first.source, cache,
-                                              r.options.get("evaluation"))
-            metrics = {**verification.metrics, "write_seconds": round(write_s, 3),
-                       "verify_seconds": round(time.monotonic() - t1, 3)}
-            if len(planned) > 1:
-                metrics["files_written_together"] = float(len(planned))
-            record = made[2] if made and weighted[len(results)] else None
-            results.append(self._result(p, dest, digest, encoded, verification.model_copy(update={"metrics": metrics}),
-                                        record))
+            if ahead is not None:
+                overlap.stop(ahead)
+            stack.close()
         if made:  # the importance matrix belongs to the first file made with it (each file is one artifact's)
             at = weighted.index(True)
             results[at].known_digests[made[2].file] = made[2].sha256
         return results
+
+    @staticmethod
+    def _write(planned: Sequence[GGUFPlan], dests: Sequence[Path], progress: Progress,
+               imps: Sequence[imatrix.Importance | None]) -> tuple[list[tuple[str, list[EncodedTensor]]], float]:
+        """Stream every file from one read of the source; what was written and the seconds it took."""
+        reader = SafetensorsReader()
+        progress.start(", ".join(d.name for d in dests), sum(i.nbytes for p in planned for i in p.infos))
+        t0 = time.monotonic()
+        try:
+            written = write(planned, dests, reader, max(1, os.cpu_count() or 1), progress, imps, durable=False)
+        finally:
+            reader.close()
+            progress.done()
+        return written, time.monotonic() - t0
 
     def _auto(self, request: ConversionRequest, directory: Path) -> ConversionResult:
         """Plan every candidate, bisect them in size order (each tried one written and verified), keep the chosen."""
@@ -435,7 +478,7 @@ class GGUFConverter(ConverterBase):
             planned = [replace(p, metadata=[*p.metadata, *made[1]]) for p in planned]
         sizes = [sum(i.nbytes for i in p.infos) for p in planned]
         order = [i for i in auto.size_order(sizes) if i in eligible]
-        cache = directory / ".mreg-reference.npz"  # the reference forward pass, once for every candidate
+        cache = directory / REFERENCE_CACHE  # the reference forward pass, once for every candidate
         measured: dict[int, tuple[dict[str, float], int]] = {}
         kept: list[tuple[int, Path, str, list[EncodedTensor], Verification]] = []
         seconds = {"write_seconds": 0.0, "verify_seconds": 0.0}
@@ -469,10 +512,14 @@ class GGUFConverter(ConverterBase):
             kept[:] = [(i, dest, digest, encoded, v)]
             return True
 
+        ahead = _start_reference(directory, cache, gguf_verify.evaluation_text(planned[0], opts["evaluation"]))
         try:
             found, tried = auto.bisect(len(order), meets)
         except _CandidateFailed as failed:
             return failed.result
+        finally:
+            if ahead is not None:
+                overlap.stop(ahead)
         records = [auto.candidate(t, sizes[i], measured[i][1] if i in measured else None,
                                   measured[i][0] if i in measured else None, budget) for i, t in enumerate(types)]
         if found is None:

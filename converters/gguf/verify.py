@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from converters.gguf import overlap
 from converters.gguf.llama import SETTINGS, describe_exit, load
-from converters.gguf.plan import EncodedTensor, GGUFPlan
-from manifests import SourceInfo, Verification
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the child processes import this module: the manifests' models stay out of their start)
     from gguf import GGUFReader
+
+    from converters.gguf.plan import EncodedTensor, GGUFPlan
+    from manifests import SourceInfo, Verification
 
 
 #: Largest relative RMS error of a tensor's encoding (measured on Gaussian weights, with margin). The error is
@@ -183,11 +185,8 @@ def start_runtime(path: Path, file_type: str, directory: Path, cache: Path | Non
            str(cache) if cache is not None else ""]
     if evaluation is not None:
         cmd += [str(evaluation[0]), str(evaluation[1])]
-    root = Path(__file__).resolve().parents[2]
-    # The reference forward pass runs its own thread pool: OpenBLAS threads on top of it are many times slower.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-           "OPENBLAS_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=overlap.child_env())
 
 
 def finish_runtime(child: subprocess.Popen[str] | str) -> tuple[list[str], dict[str, float], list[str]]:
@@ -209,7 +208,8 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str, evaluat
     """The child process's work: load with llama.cpp, compare tokenization and logits with the reference.
 
     The reference runs after llama.cpp has let go of the file. With `cache` (an .npz path), several
-    files of one source compute it once: the first saves ids and logits there, the others read them.
+    files of one source compute it once: the first saves ids and logits there, the others read them; a
+    pass started beside the write (`converters.gguf.overlap`) is waited for and its saved logits used.
     With `evaluation` (a text file), its first `cap` tokens are evaluated instead of the fixed prompt.
     Kept in one piece (70 lines): it is the whole life of a child process, its steps sharing one loaded model.
     """
@@ -239,6 +239,8 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str, evaluat
     llm.eval(ids)
     got = np.array(llm.scores[: len(ids)], dtype=np.float32)
     llm.close()
+    if cache:
+        overlap.wait_for(Path(cache))  # a reference pass started beside the write (converters.gguf.overlap)
     # One saved pass per token sequence: files of one source measured on other texts (F16 on the fixed prompt,
     # Q4_K_M on the evaluation text) each find their own.
     saved_at = reference_cache(Path(cache), ids) if cache else None
@@ -254,7 +256,7 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str, evaluat
             return {"problems": problems, "metrics": metrics, "notes": notes}
         metrics["reference_seconds"] = round(time.monotonic() - t0, 3)
         if saved_at is not None:
-            np.savez(saved_at, ids=np.asarray(ids, np.int64), logits=ref)
+            save_reference(saved_at, ids, ref)
     ref = ref[:, : got.shape[1]]
     compared, found = compare_logits(got, ref, file_type, ids)
     metrics.update(compared)
@@ -270,8 +272,39 @@ def reference_cache(cache: Path, ids: Sequence[int]) -> Path:
     return cache.with_name(f"{cache.stem}-{digest}{cache.suffix}")
 
 
+def save_reference(path: Path, ids: Sequence[int], logits: np.ndarray[Any, Any]) -> None:
+    """The ids and their reference logits, written under a temporary name and renamed (never read half-written)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, ids=np.asarray(ids, np.int64), logits=logits)
+    os.replace(tmp, path)
+
+
 #: Positions compared at a time: float64 work arrays of rows × vocabulary stay small (64 × 152 K = 78 MB).
 COMPARE_ROWS = 64
+
+
+def run_reference(directory: Path, cache: Path, evaluation: str = "", cap: int = 0) -> dict[str, float]:
+    """The reference child's work (`converters.gguf.overlap`): the ids the verification will evaluate, their
+    reference logits, saved beside `cache` for those ids (`reference_cache`); its seconds (nothing: no cache)."""
+    import time
+
+    from converters.gguf.reference import ReferenceUnsupported, reference_logits
+
+    hf = _hf_tokenize(directory)
+    if hf is None:  # llama.cpp's own tokenization gives the ids then: the verification computes the reference
+        return {}
+    text = Path(evaluation).read_text(encoding="utf-8") if evaluation else PROMPT
+    ids = list(hf(text))
+    if evaluation:
+        ids = ids[:cap]
+    t0 = time.monotonic()
+    try:
+        logits = reference_logits(directory, ids)
+    except ReferenceUnsupported:
+        return {}  # the verification meets the same refusal and records it
+    seconds = time.monotonic() - t0
+    save_reference(reference_cache(cache, ids), ids, logits)
+    return {"seconds": round(seconds, 3)}
 
 
 def compare_logits(got: np.ndarray[Any, Any], ref: np.ndarray[Any, Any], file_type: str,
@@ -359,18 +392,25 @@ def nonfinite_problems(plan: GGUFPlan, encoded: Sequence[EncodedTensor], limit: 
     return lines[:limit] + ([f"and {len(lines) - limit} more"] if len(lines) > limit else [])
 
 
+def evaluation_text(plan: GGUFPlan, evaluation: dict[str, Any] | None) -> tuple[Path, int] | None:
+    """The evaluation text's path and how many of its tokens are evaluated (None: the fixed prompt)."""
+    from converters.gguf import evaluation as texts
+
+    if evaluation is None:
+        return None
+    context = next((int(v) for k, v in plan.model.metadata if k.endswith(".context_length")), None)
+    return texts.path_of(evaluation), min(int(evaluation["max_tokens"]), context or texts.MAX_TOKENS)
+
+
 def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directory: Path,
            source: SourceInfo, reference_cache: Path | None = None,
            evaluation: dict[str, Any] | None = None) -> Verification:
     """Run every check that can run here and return the verification record (`evaluation`: the normalized
     `--evaluation` option; None: the fixed prompt)."""
     from converters.gguf import evaluation as texts
+    from manifests import Verification
 
-    text = None
-    if evaluation is not None:
-        context = next((int(v) for k, v in plan.model.metadata if k.endswith(".context_length")), None)
-        text = (texts.path_of(evaluation), min(int(evaluation["max_tokens"]), context or texts.MAX_TOKENS))
-    child = start_runtime(path, plan.file_type, directory, reference_cache, text)
+    child = start_runtime(path, plan.file_type, directory, reference_cache, evaluation_text(plan, evaluation))
     try:
         problems = check_file(path, plan, encoded)
     except BaseException:
@@ -428,5 +468,9 @@ if __name__ == "__main__":
     import json
     import sys
 
-    extra = (sys.argv[5], int(sys.argv[6])) if len(sys.argv) > 6 else ("", 0)
-    print(json.dumps(run_runtime(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], *extra)))
+    if sys.argv[1] == "--reference":
+        given = (sys.argv[4], int(sys.argv[5])) if len(sys.argv) > 5 else ("", 0)
+        print(json.dumps(run_reference(Path(sys.argv[2]), Path(sys.argv[3]), *given)))
+    else:
+        extra = (sys.argv[5], int(sys.argv[6])) if len(sys.argv) > 6 else ("", 0)
+        print(json.dumps(run_runtime(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], *extra)))
