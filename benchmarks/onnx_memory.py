@@ -68,7 +68,7 @@ def main(argv: list[str]) -> None:
         try:
             src = build(work / "src", SHAPES[name])
             headers = [read_header(p) for p in sorted(src.glob("*.safetensors"))]
-            plan = memory.plan(headers, half="fp16" in spec)
+            plan = memory.plan(headers, half="fp16" in spec, weightless="dynamo" not in spec)
             env = {**os.environ, "MREG_CACHE_DIR": str(work / "cache"), "MREG_STORE": str(work / "store")}
             cmd = [sys.executable, "-c", "import sys; from registry.cli import run; sys.argv[0] = 'mreg'; run()",
                    "convert", str(src), "--to", spec, "--name", "m", "--json"]
