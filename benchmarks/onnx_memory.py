@@ -1,6 +1,6 @@
 """Peak memory of `mreg convert DIR --to onnx:fp16` at Qwen2.5 shapes (random bf16 weights), to calibrate the plan.
 
-    PYTHONPATH=.:tests python benchmarks/onnx_memory.py 0.5b 1.5b [--keep]
+    PYTHONPATH=.:tests python benchmarks/onnx_memory.py 0.5b 1.5b 3b [--keep] [--to=onnx:fp16,dynamo]
 
 Each shape (the llama architecture at Qwen2.5-0.5B/1.5B/3B/7B's sizes: hidden, layers, heads, KV heads,
 intermediate, vocabulary, tied embeddings) is written as bf16 safetensors into a temporary

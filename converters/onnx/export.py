@@ -346,14 +346,20 @@ def _attention_in_half(model: Any) -> Iterator[None]:
 
 
 def release(model: Any) -> None:
-    """Free the memory of the model's weights now, however many references to the module remain.
+    """Free the memory of the model's weights now, however many references to them remain.
 
-    (The tracer's caches and the cycles that the conversion's frozen collector skips would otherwise
-    keep a float16 7B's 15 GB alive while ONNX Runtime verifies.) The model is unusable afterwards.
+    (The tracer's caches, detached aliases of the weights and the cycles that the conversion's frozen
+    collector skips would otherwise keep them alive while ONNX Runtime verifies: measured at 3 B, the
+    whole 5.7 GiB.) Each storage is resized to nothing, which frees it under every alias; one that
+    cannot be resized (memory-mapped) is dropped from its tensor instead. The model is unusable afterwards.
     """
     import torch
 
     for tensor in (*model.parameters(), *model.buffers()):
+        try:
+            tensor.untyped_storage().resize_(0)
+        except RuntimeError:
+            pass
         tensor.data = torch.empty(0, dtype=tensor.dtype)
 
 
