@@ -356,10 +356,8 @@ def release(model: Any) -> None:
     import torch
 
     for tensor in (*model.parameters(), *model.buffers()):
-        try:
+        with contextlib.suppress(RuntimeError):  # (a storage that is not resizable)
             tensor.untyped_storage().resize_(0)
-        except RuntimeError:
-            pass
         tensor.data = torch.empty(0, dtype=tensor.dtype)
 
 
