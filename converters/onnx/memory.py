@@ -10,12 +10,14 @@ in float16, else 4) and `largest` (its largest tensor in float32: an embedding t
 projection), is the largest of the conversion's phases, calibrated on the peaks measured by
 benchmarks/onnx_memory.py (peak anonymous memory of the process tree, sampled every 20 ms) at
 Qwen2.5-0.5B, 1.5B and 3B shapes (0.5 B: 2.8 GiB, 1.5 B: 5.1 GiB, 3 B: 9.2 GiB):
-- fp16, loading, the PyTorch reference (float32 one module at a time, upcast.py) and the TorchScript
-  export (traced without its weights, which are then written from the model one tensor at a time,
-  initializers.py): WEIGHT_FACTOR x weights + largest + BASE_BYTES. The model is the weights once;
-  the reference adds one module's float32 copy (the largest) and its activations; the peaks measured
-  at 1.5 B and 3 B are 1.26 and 1.29 x weights + largest + BASE_BYTES (what holds the extra quarter
-  was not pinned down in a per-stage breakdown; the export itself adds only one transposed tensor);
+- fp16, the phases that hold the float16 model (loading, the PyTorch reference, float32 one module
+  at a time (upcast.py), and the TorchScript export, traced without its weights, which are then
+  written from the model one tensor at a time (initializers.py)), and ONNX Runtime's verification:
+  WEIGHT_FACTOR x weights + largest + BASE_BYTES. Per stage at 3 B (weights 5.7 GiB, largest 1.2 GiB,
+  process tree): loading 6.1 GiB, reference 7.4, export 6.9, after the weights are released 2.6, and
+  ONNX Runtime's verification 9.1 GiB: at that size the unoptimized float16 session holds about the
+  weights again in anonymous memory (at 0.5 B it maps them from the file; why it differs was not
+  pinned down), so the peak is that phase's, 1.29 x weights + largest + BASE_BYTES at 3 B (1.26 at 1.5 B);
 - fp16, dynamo export: its onnx_ir model holds copies of the weights while it is built and saved:
   graphs under 2 GB about 5 x weights (one protobuf), larger ones 2.4 x (as measured for the former
   TorchScript export with weights);
@@ -43,7 +45,7 @@ from registry.errors import InsufficientSpace
 
 #: The fixed part: torch, transformers and ONNX Runtime loaded, activations of the probes (measured: 485-501 MiB).
 BASE_BYTES = 640 << 20
-#: Bytes of memory per weight byte while the float16 model is held (measured: 1.26 at 1.5 B, 1.29 at 3 B; a margin).
+#: Bytes of memory per weight byte at the peak, ONNX Runtime's verification (measured: 1.26 at 1.5 B, 1.29 at 3 B).
 WEIGHT_FACTOR = 1.35
 #: ONNX Runtime's phase beyond the weights it maps: the probes' logits and their copies (measured at 0.5 B: 2.8 GiB
 #: peak with 3 x largest = 1.5 GiB).
