@@ -1,6 +1,6 @@
 """Peak memory of `mreg convert DIR --to onnx:fp16` at Qwen2.5 shapes (random bf16 weights), to calibrate the plan.
 
-    PYTHONPATH=.:tests python benchmarks/onnx_memory.py 0.5b 1.5b [--keep]
+    PYTHONPATH=.:tests python benchmarks/onnx_memory.py 0.5b 1.5b 3b [--keep] [--to=onnx:fp16,dynamo]
 
 Each shape (the llama architecture at Qwen2.5-0.5B/1.5B/3B/7B's sizes: hidden, layers, heads, KV heads,
 intermediate, vocabulary, tied embeddings) is written as bf16 safetensors into a temporary
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> None:
         try:
             src = build(work / "src", SHAPES[name])
             headers = [read_header(p) for p in sorted(src.glob("*.safetensors"))]
-            plan = memory.plan(headers, half="fp16" in spec)
+            plan = memory.plan(headers, half="fp16" in spec, weightless="dynamo" not in spec)
             env = {**os.environ, "MREG_CACHE_DIR": str(work / "cache"), "MREG_STORE": str(work / "store")}
             cmd = [sys.executable, "-c", "import sys; from registry.cli import run; sys.argv[0] = 'mreg'; run()",
                    "convert", str(src), "--to", spec, "--name", "m", "--json"]

@@ -190,7 +190,8 @@ class ONNXConverter(ConverterBase):
         half = opts["dtype"] == "fp16"  # loaded, traced and written in float16: no float32 copy at any point
         tensors = {f.path: request.source_files(f.path) for f in request.source.files
                    if f.path.endswith(".safetensors")}
-        budget = memory.plan([read_header(p, label) for label, p in tensors.items()], half)
+        budget = memory.plan([read_header(p, label) for label, p in tensors.items()], half,
+                             weightless=opts["exporter"] == "torchscript")
         if not budget.fits:  # refused before a byte of weights is loaded: an OOM kill would leave nothing to report
             raise memory.InsufficientMemory(budget, f"onnx:{'fp16' if half else precision(opts)}")
         with _stage(progress, "loading the model"):

@@ -4,7 +4,6 @@ transform: the model is exported from PyTorch in float16, see export.py.)"""
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -40,78 +39,6 @@ def save(proto: Any, dest: Path, check: bool = True) -> Path:
     if check:
         onnx.checker.check_model(str(dest / MODEL_FILE))
     return dest / MODEL_FILE
-
-
-def rehome(src: Path, dest: Path) -> Path:
-    """Move a saved model (`src/model.onnx`, its weights inline or in any external files beside it) into
-    `dest/model.onnx` + `dest/model.onnx.data`, one tensor at a time, stamped and checked like save().
-
-    For graphs larger than protobuf's 2 GB: the exporter writes one external file per tensor, and
-    loading those into one proto to save it again would hold a second copy of every weight. Here the
-    graph is read without its weights, each tensor's bytes are copied into the one data file in 8 MB
-    pieces (and its source file removed once copied), and only the small graph is rewritten.
-    """
-    import onnx
-    from onnx.external_data_helper import ExternalDataInfo
-
-    proto = onnx.load_model(src / MODEL_FILE, load_external_data=False)
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in (MODEL_FILE, DATA_FILE):
-        (dest / name).unlink(missing_ok=True)
-    with open(dest / DATA_FILE, "wb") as out:
-        for tensor, initializer in _tensors(proto.graph):
-            if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                info = ExternalDataInfo(tensor)
-                path = (src / info.location).resolve()
-                if src.resolve() not in path.parents:
-                    raise ValueError(f"external data of {tensor.name} is outside {src}: {info.location}")
-                offset = out.tell()
-                with open(path, "rb") as f:
-                    f.seek(info.offset or 0)
-                    left = info.length if info.length is not None else path.stat().st_size - (info.offset or 0)
-                    while left > 0:
-                        piece = f.read(min(left, 8 << 20))
-                        if not piece:
-                            raise ValueError(f"external data of {tensor.name} ends early in {info.location}")
-                        out.write(piece)
-                        left -= len(piece)
-                if path.name != DATA_FILE and path.parent == src.resolve():
-                    path.unlink()  # one tensor per file: its disk space back as soon as it is copied
-            # (sys.getsizeof, as onnx's own save measures: the same tensors go external as through save())
-            elif initializer and tensor.HasField("raw_data") and sys.getsizeof(tensor.raw_data) >= EXTERNAL_MIN_BYTES:
-                offset = out.tell()
-                out.write(tensor.raw_data)
-                tensor.ClearField("raw_data")
-            else:
-                continue
-            del tensor.external_data[:]
-            for key, value in (("location", DATA_FILE), ("offset", str(offset)), ("length", str(out.tell() - offset))):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, value
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-        out.flush()
-    proto.ir_version = IR_VERSION
-    onnx.save_model(proto, dest / MODEL_FILE)
-    onnx.checker.check_model(str(dest / MODEL_FILE))
-    return dest / MODEL_FILE
-
-
-def _tensors(graph: Any) -> Any:
-    """(tensor, whether it is an initializer) for every initializer and tensor-valued attribute of a graph and of
-    its subgraphs (If/Loop bodies)."""
-    import onnx
-
-    for t in graph.initializer:
-        yield t, True
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                yield attr.t, False
-            elif attr.type == onnx.AttributeProto.GRAPH:
-                yield from _tensors(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _tensors(g)
 
 
 def load_proto(src: Path) -> Any:

@@ -7,13 +7,23 @@ not fit.
 
 The estimate, from `weights` (the checkpoint's parameter count, exact from the headers, times 2 bytes
 in float16, else 4) and `largest` (its largest tensor in float32: an embedding table or output
-projection), is the largest of the conversion's phases, measured (benchmarks/onnx_memory.py: peak
-anonymous memory, sampled every 20 ms) at Qwen2.5-0.5B and 1.5B shapes:
-- fp16, PyTorch reference (float32 one module at a time, upcast.py): weights + largest + BASE_BYTES;
-- fp16, export: graphs under 2 GB are serialized in one protobuf (weights about 4.5 times over);
-  larger ones are written tensor by tensor, but the TorchScript exporter holds copies of weights
-  while it builds and writes the graph: up to 2.4 x weights;
-- fp16, ONNX Runtime (unoptimized on the CPU, weights mapped from the file): BASE_BYTES + 3 x largest;
+projection), is the largest of the conversion's phases, calibrated on the peaks measured by
+benchmarks/onnx_memory.py (peak anonymous memory of the process tree, sampled every 20 ms) at
+Qwen2.5-0.5B, 1.5B and 3B shapes (0.5 B: 2.8 GiB, 1.5 B: 5.1 GiB, 3 B: 9.2 GiB):
+- fp16, the phases that hold the float16 model (loading, the PyTorch reference, float32 one module
+  at a time (upcast.py), and the TorchScript export, traced without its weights, which are then
+  written from the model one tensor at a time (initializers.py)), and ONNX Runtime's verification:
+  WEIGHT_FACTOR x weights + largest + BASE_BYTES. Per stage at 3 B (weights 5.7 GiB, largest 1.2 GiB,
+  process tree): loading 6.1 GiB, reference 7.4, export 6.9, after the weights are released 2.6, and
+  ONNX Runtime's verification 9.1 GiB: at that size the unoptimized float16 session holds about the
+  weights again in anonymous memory (at 0.5 B it maps them from the file; why it differs was not
+  pinned down), so the peak is that phase's, 1.29 x weights + largest + BASE_BYTES at 3 B (1.26 at 1.5 B);
+- fp16, dynamo export: its onnx_ir model holds copies of the weights while it is built and saved:
+  graphs under 2 GB about 5 x weights (one protobuf), larger ones 2.4 x (as measured for the former
+  TorchScript export with weights);
+- fp16, ONNX Runtime (unoptimized on the CPU, weights mapped from the file): BASE_BYTES + 3 x largest
+  (the output projection cast to float32 as its MatMul runs) + PROBE_BYTES (the probes' logits,
+  PyTorch's and ONNX Runtime's, over a 152 K vocabulary: the peak at 0.5 B);
 - fp32 (and int8, from fp32): not calibrated; 3 x weights + BASE_BYTES, the model, the exporter's
   copy and ONNX Runtime's.
 
@@ -35,14 +45,18 @@ from registry.errors import InsufficientSpace
 
 #: The fixed part: torch, transformers and ONNX Runtime loaded, activations of the probes (measured: 485-501 MiB).
 BASE_BYTES = 640 << 20
-#: A graph this large or more is written tensor by tensor (protobuf's limit); below, in one message.
+#: Bytes of memory per weight byte at the peak, ONNX Runtime's verification (measured: 1.26 at 1.5 B, 1.29 at 3 B).
+WEIGHT_FACTOR = 1.35
+#: ONNX Runtime's phase beyond the weights it maps: the probes' logits and their copies (measured at 0.5 B: 2.8 GiB
+#: peak with 3 x largest = 1.5 GiB).
+PROBE_BYTES = 768 << 20
+#: A dynamo graph this large or more is saved tensor by tensor (protobuf's limit); below, in one message.
 PROTOBUF_LIMIT = 2 << 30
-#: Bytes of memory per weight byte when the graph is serialized in one protobuf (measured through the CLI: 4.5 at
-#: 0.5 B, where the weights are 1 GB and the peak 5.1 GB).
+#: Bytes of memory per weight byte when a graph holding its weights is serialized in one protobuf (measured through
+#: the CLI with the TorchScript exporter's weight-holding export: 4.5 at 0.5 B, weights 1 GB and the peak 5.1 GB).
 INLINE_FACTOR = 5.0
-#: Bytes of memory per weight byte when the graph is written tensor by tensor (measured through the CLI at 1.5 B,
-#: weights 2.9 GiB: peaks of 4.9, 6.1 and 6.6 GiB in three runs, 6.8 with its constant folding off; the TorchScript
-#: exporter holds copies of weights while it builds and writes the graph, how many at once varies).
+#: Bytes of memory per weight byte when a graph holding its weights is saved tensor by tensor (measured the same way
+#: at 1.5 B, weights 2.9 GiB: peaks of 4.9, 6.1 and 6.6 GiB in three runs; the exporter holds copies of weights).
 FILE_FACTOR = 2.4
 #: Bytes of memory per weight byte, float32 exports (not calibrated: the model, the exporter's and ONNX Runtime's).
 FP32_FACTOR = 3.0
@@ -86,19 +100,24 @@ class Plan:
         return self.needed <= self.available
 
 
-def plan(headers: Iterable[Mapping[str, Any]], half: bool) -> Plan:
+def plan(headers: Iterable[Mapping[str, Any]], half: bool, weightless: bool = True) -> Plan:
     """The estimate for exporting the tensors of these safetensors headers (name -> entry with `.shape`), in float16
-    with `half`, else float32; tied embeddings count once (a checkpoint stores them once)."""
+    with `half`, else float32, traced without the weights (`weightless`: the TorchScript exporter) or with them
+    (dynamo); tied embeddings count once (a checkpoint stores them once)."""
     sizes = [math.prod(entry.shape) for header in headers for entry in header.values()]
     parameters, largest = sum(sizes), 4 * max(sizes, default=0)
     weights = parameters * (2 if half else 4)
-    if half:
-        export = weights * (INLINE_FACTOR if weights < PROTOBUF_LIMIT else FILE_FACTOR)
-        needed = int(max(weights + largest, export, 3 * largest) + BASE_BYTES)
-    else:
-        needed = int(weights * FP32_FACTOR + BASE_BYTES)
     available, where = available_memory()
-    return Plan(parameters, weights, largest, needed, available, where)
+    return Plan(parameters, weights, largest, needed(weights, largest, half, weightless), available, where)
+
+
+def needed(weights: int, largest: int, half: bool, weightless: bool) -> int:
+    """Peak bytes of an export: the largest of its phases (see the module docstring), from the weights' bytes in
+    the export's precision and the largest tensor's bytes in float32."""
+    if not half:
+        return int(weights * FP32_FACTOR + BASE_BYTES)
+    export = 0.0 if weightless else weights * (INLINE_FACTOR if weights < PROTOBUF_LIMIT else FILE_FACTOR)
+    return int(max(WEIGHT_FACTOR * weights + largest, export, 3 * largest + PROBE_BYTES) + BASE_BYTES)
 
 
 def available_memory() -> tuple[int, str]:

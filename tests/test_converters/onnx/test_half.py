@@ -11,7 +11,6 @@ with exit 7 and both numbers.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,14 +105,21 @@ def test_the_plan_counts_the_headers_and_scales_with_precision(tiny_model: Calla
     headers = [read_header(p) for p in src.glob("*.safetensors")]
     count = sum(int(__import__("math").prod(e.shape)) for h in headers for e in h.values())
     half, full = memory.plan(headers, half=True), memory.plan(headers, half=False)
+    dynamo = memory.plan(headers, half=True, weightless=False)
     assert half.parameters == full.parameters == count and full.weight_bytes == 2 * half.weight_bytes == 4 * count
-    assert half.needed == int(2 * count * memory.INLINE_FACTOR) + memory.BASE_BYTES, "a small graph: one protobuf"
+    assert half.needed == int(max(memory.WEIGHT_FACTOR * 2 * count + half.largest,
+                                  3 * half.largest + memory.PROBE_BYTES)) + memory.BASE_BYTES, "no export phase"
+    assert dynamo.needed == half.needed, "a tiny model: ONNX Runtime's phase, whichever the exporter"
+    g = 1 << 30
+    assert memory.needed(g, 0, half=True, weightless=False) == int(g * memory.INLINE_FACTOR) + memory.BASE_BYTES
+    assert memory.needed(4 * g, 0, half=True, weightless=False) == int(4 * g * memory.FILE_FACTOR) + memory.BASE_BYTES
     assert full.needed == int(4 * count * memory.FP32_FACTOR) + memory.BASE_BYTES
     assert half.available == full.available > 0
 
 
 def test_the_plan_at_seven_billion_parameters() -> None:
-    """Qwen2.5-7B's shapes (untied, 7.6 B): what the README predicts (refused on a 24 GB machine: the export phase)."""
+    """Qwen2.5-7B's shapes (untied, 7.6 B): what the README gives. Traced without its weights it needs the model's
+    phase, 21.8 GiB, under a quiet 24 GB machine's 22.3; with dynamo (which holds copies of the weights) 34.7 GiB."""
     from converters.onnx import memory
     from registry.convert.safetensors import TensorEntry
 
@@ -122,10 +128,14 @@ def test_the_plan_at_seven_billion_parameters() -> None:
                                        [(h, h), (kv, h), (kv, h), (h, h), (h,), (kv,), (kv,), (inter, h), (inter, h),
                                         (h, inter), (h,), (h,)]]
     header = {str(i): TensorEntry(str(i), "BF16", s, 0, 0) for i, s in enumerate(shapes)}
-    p = memory.plan([header], half=True)
-    assert 7.6e9 < p.parameters < 7.7e9
-    assert 34.3 < p.needed / (1 << 30) < 35.0, p.needed / (1 << 30)
-    assert p.weight_bytes + p.largest + memory.BASE_BYTES < 17 * (1 << 30), "all but the export phase fit 24 GB"
+    p, dynamo = memory.plan([header], half=True), memory.plan([header], half=True, weightless=False)
+    assert 7.6e9 < p.parameters < 7.7e9 and p.largest == 4 * v * h
+    assert p.needed == int(memory.WEIGHT_FACTOR * p.weight_bytes + p.largest) + memory.BASE_BYTES
+    assert 21.6 < p.needed / (1 << 30) < 22.0, p.needed / (1 << 30)
+    assert 34.3 < dynamo.needed / (1 << 30) < 35.0, dynamo.needed / (1 << 30)
+    assert memory.needed(2 << 30, 3 << 30, half=True, weightless=True) == \
+        (9 << 30) + memory.PROBE_BYTES + memory.BASE_BYTES, \
+        "ONNX Runtime's phase (3 x the largest tensor) where it is larger than the weights"
 
 
 def test_available_memory_reads_meminfo_and_the_tightest_cgroup(tmp_path: Path) -> None:
@@ -157,37 +167,3 @@ def test_available_memory_reads_meminfo_and_the_tightest_cgroup(tmp_path: Path) 
                                                                            "limit 4.0 GiB")
     (tmp_path / "none").write_text("0::/\n")
     assert memory._cgroup_headroom(tmp_path / "empty", tmp_path / "none") is None
-
-
-def test_rehome_moves_per_tensor_files_into_one_data_file(tmp_path: Path) -> None:
-    """What the TorchScript exporter writes past 2 GB (a file per tensor) becomes model.onnx + model.onnx.data."""
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-    from onnx import helper, numpy_helper
-
-    from converters.onnx import graph
-
-    w = np.arange(64 * 32, dtype=np.float32).reshape(64, 32) / 1000
-    b = np.full((32,), 0.5, dtype=np.float32)
-    model = helper.make_model(helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 64])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 32])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]),
-        opset_imports=[helper.make_opsetid("", 18)])
-    (tmp_path / "src").mkdir()
-    onnx.save_model(model, tmp_path / "src" / graph.MODEL_FILE, save_as_external_data=True,
-                    all_tensors_to_one_file=False, size_threshold=0)
-    assert len(list((tmp_path / "src").iterdir())) == 3
-    graph.rehome(tmp_path / "src", tmp_path / "out")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [graph.MODEL_FILE, graph.DATA_FILE]
-    assert (tmp_path / "out" / graph.DATA_FILE).stat().st_size == w.nbytes + b.nbytes
-    assert not any(p.name in ("w", "b") for p in (tmp_path / "src").iterdir()), "each copied file is removed"
-    x = np.ones((3, 64), dtype=np.float32)
-    sess = ort.InferenceSession(str(tmp_path / "out" / graph.MODEL_FILE), providers=["CPUExecutionProvider"])
-    assert np.allclose(sess.run(None, {"x": x})[0], x @ w + b)
-    proto = onnx.load_model(tmp_path / "out" / graph.MODEL_FILE, load_external_data=False)
-    assert proto.ir_version == graph.IR_VERSION
-    assert json.dumps([e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"]) \
-        == json.dumps([graph.DATA_FILE] * 2)

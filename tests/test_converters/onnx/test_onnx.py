@@ -225,58 +225,6 @@ def test_encoder_exports_verifies_and_is_reused(mreg: Any, bert: Path, store_roo
 
 
 @needs_onnx
-def test_a_model_over_the_in_memory_limit_goes_through_a_file(mreg: Any, bert: Path, store_root: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Over protobuf's limit the TorchScript graph is written to a temporary file: the same files come out."""
-    from converters.onnx import export as onnx_export
-
-    read_back: list[Path] = []
-    real_rehome = onnx_export.rehome
-    monkeypatch.setattr(onnx_export, "rehome", lambda src, dest: read_back.append(src) or real_rehome(src, dest))
-    first = convert(mreg, bert, "onnx", "mem")
-    assert read_back == [], "in memory: nothing written and read back"
-    monkeypatch.setattr(onnx_export, "IN_MEMORY_MAX_BYTES", 0)
-    second = convert(mreg, bert, "onnx", "file")
-    assert [p.name for p in read_back] == [p.name for p in read_back if p.name.startswith(".ts-")] != []
-    digests = [{f["path"]: f["sha256"] for f in artifact(store_root, name, doc["version"], "onnx")[0]["files"]}
-               for name, doc in (("mem", first), ("file", second))]
-    assert second["verification"] == {"onnx": "passed"} and digests[0] == digests[1]
-
-
-@needs_onnx
-def test_a_graph_larger_than_estimated_goes_through_a_file(mreg: Any, bert: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch refuses to serialize past 2 GiB in memory (constant folding can outgrow the estimate): a file then."""
-    import torch
-
-    real, calls = torch.onnx.export, []
-
-    def over_the_limit_in_memory(model: Any, args: Any, f: Any, **kw: Any) -> Any:
-        calls.append(type(f).__name__)
-        if not isinstance(f, str):
-            raise RuntimeError("The serialized model is larger than the 2GiB limit imposed by the protobuf library.")
-        return real(model, args, f, **kw)
-
-    monkeypatch.setattr(torch.onnx, "export", over_the_limit_in_memory)
-    assert convert(mreg, bert, "onnx")["verification"] == {"onnx": "passed"}
-    assert calls == ["_Kept", "str"]
-
-
-@needs_onnx
-def test_the_in_memory_estimate_counts_tied_weights_once_per_use(tmp_path: Path) -> None:
-    """A tied embedding is a Gather table and a folded output MatMul weight in the graph: both count."""
-    from support.tiny_models import build_tiny_llama
-
-    from converters.onnx import export as ex
-    from converters.onnx import graph
-
-    model, tokenizer = ex.load(build_tiny_llama(tmp_path / "tied", tie_word_embeddings=True), "text-generation")
-    ex.export(model, ex.signature(model, tokenizer, "text-generation", False), tmp_path / "out", "torchscript")
-    once = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    assert once < (tmp_path / "out" / graph.DATA_FILE).stat().st_size <= ex.graph_bytes(model)
-
-
-@needs_onnx
 def test_int8_with_offline_optimization(mreg: Any, bert: Path, store_root: Path) -> None:
     import onnx
 
