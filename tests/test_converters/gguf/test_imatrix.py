@@ -15,11 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 from support.cli import artifact, convert
+from support.gguf_files import mreg_file, tensors
 
 from converters.gguf import imatrix
-from converters.gguf.converter import write
 from converters.gguf.mix import FILE_TYPES, MixParams, choose_types
-from converters.gguf.model import SafetensorsReader
 from converters.gguf.plan import needs_imatrix, plans
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is in the test extra")
@@ -47,20 +46,6 @@ def native(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         pytest.skip(str(e))
 
 
-def _mreg_file(src: Path, file_type: str, dest: Path, imp: imatrix.Importance | None = None) -> Path:
-    (p,) = plans(src, sorted(src.glob("*.safetensors")), [file_type], "tiny", has_imatrix=[imp is not None])
-    reader = SafetensorsReader()
-    try:
-        write([p], [dest], reader, workers=2, importance=[imp])
-    finally:
-        reader.close()
-    return dest
-
-
-def _tensors(path: Path) -> dict[str, tuple[str, bytes]]:
-    return {t.name: (t.tensor_type.name, bytes(t.data.tobytes())) for t in gguf.GGUFReader(path).tensors}
-
-
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory: pytest.TempPathFactory, native: dict[str, Path]) -> dict[str, Path]:
     """A bf16 llama (GQA 4), its F32 GGUF, a slice of the shipped calibration text, and the importance matrix of
@@ -73,7 +58,7 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory, native: dict[str, Path]
                            num_heads=4, num_kv_heads=1, num_layers=2)
     text = root / "calibration.txt"
     text.write_text(imatrix.DEFAULT_CALIBRATION.read_text(encoding="utf-8")[:2000], encoding="utf-8")
-    f32 = _mreg_file(src, "F32", root / "tiny-F32.gguf")
+    f32 = mreg_file(src, "F32", root / "tiny-F32.gguf")
     ours = root / "mreg.imatrix.gguf"
     imatrix.compute(src, text, ours, CTX, text.name)
     theirs = llama_imatrix(native["imatrix_by_eval_callback"], f32, text, CTX, root / "llama.imatrix.gguf")
@@ -114,8 +99,8 @@ def test_bytes_equal_llama_quantize_with_the_same_imatrix(file_type: str, calibr
     from support.llama_cpp_native import quantize
 
     imp = imatrix.read(calibrated["mreg"])
-    ours = _tensors(_mreg_file(calibrated["src"], file_type, tmp_path / "mreg.gguf", imp))
-    theirs = _tensors(quantize(native["quantize_with_imatrix"], calibrated["f32"], tmp_path / "llama.gguf",
+    ours = tensors(mreg_file(calibrated["src"], file_type, tmp_path / "mreg.gguf", imp))
+    theirs = tensors(quantize(native["quantize_with_imatrix"], calibrated["f32"], tmp_path / "llama.gguf",
                                FILE_TYPES[file_type][1], calibrated["mreg"]))
     assert {n: t for n, (t, _) in ours.items()} == {n: t for n, (t, _) in theirs.items()}
     assert [n for n in ours if ours[n][1] != theirs[n][1]] == []
@@ -126,8 +111,8 @@ def test_llama_imatrix_file_gives_llama_quantize_bytes(calibrated: dict[str, Pat
     """The file llama.cpp wrote, read by mreg, weights the encoder as llama.cpp's quantize tool does."""
     from support.llama_cpp_native import quantize
 
-    ours = _tensors(_mreg_file(calibrated["src"], "Q4_K_M", tmp_path / "m.gguf", imatrix.read(calibrated["llama"])))
-    theirs = _tensors(quantize(native["quantize_with_imatrix"], calibrated["f32"], tmp_path / "l.gguf",
+    ours = tensors(mreg_file(calibrated["src"], "Q4_K_M", tmp_path / "m.gguf", imatrix.read(calibrated["llama"])))
+    theirs = tensors(quantize(native["quantize_with_imatrix"], calibrated["f32"], tmp_path / "l.gguf",
                                FILE_TYPES["Q4_K_M"][1], calibrated["llama"]))
     assert ours == theirs
 
@@ -147,7 +132,7 @@ def deep(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     root = tmp_path_factory.mktemp("deep")
     src = build_tiny_llama(root / "src", vocab_size=320, hidden_size=256, intermediate_size=256, num_heads=4,
                            num_kv_heads=request.param, num_layers=16)
-    f32 = _mreg_file(src, "F32", root / "f32.gguf")
+    f32 = mreg_file(src, "F32", root / "f32.gguf")
     (p,) = plans(src, sorted(src.glob("*.safetensors")), ["F32"], "tiny")
     ones = imatrix.Importance(datasets=["ones"], chunk_count=1, chunk_size=CTX)
     for t in p.model.tensors:
@@ -318,7 +303,7 @@ def test_a_mixture_keeps_one_row_per_expert_and_quantizes_each_with_its_own(
     src = tiny_model(kind)
     text = tmp_path / "calibration.txt"
     text.write_text(imatrix.DEFAULT_CALIBRATION.read_text(encoding="utf-8")[:1500], encoding="utf-8")
-    f32 = _mreg_file(src, "F32", tmp_path / "f32.gguf")
+    f32 = mreg_file(src, "F32", tmp_path / "f32.gguf")
     imatrix.compute(src, text, tmp_path / "mreg.imatrix.gguf", CTX, text.name)
     ours = imatrix.read(tmp_path / "mreg.imatrix.gguf")
     theirs = imatrix.read(llama_imatrix(native["imatrix_by_eval_callback"], f32, text, CTX, tmp_path / "l.gguf"))
@@ -329,8 +314,8 @@ def test_a_mixture_keeps_one_row_per_expert_and_quantizes_each_with_its_own(
         assert np.array_equal(ours.counts[name], theirs.counts[name]), name
         np.testing.assert_allclose(ours.sums[name], theirs.sums[name], rtol=5e-3, atol=1e-6 * theirs.sums[name].max(),
                                    err_msg=name)
-    mine = _tensors(_mreg_file(src, "Q4_K_M", tmp_path / "m.gguf", ours))
-    llama = _tensors(quantize(native["quantize_with_imatrix"], f32, tmp_path / "q.gguf", FILE_TYPES["Q4_K_M"][1],
+    mine = tensors(mreg_file(src, "Q4_K_M", tmp_path / "m.gguf", ours))
+    llama = tensors(quantize(native["quantize_with_imatrix"], f32, tmp_path / "q.gguf", FILE_TYPES["Q4_K_M"][1],
                               tmp_path / "mreg.imatrix.gguf"))
     assert mine == llama
     _check_moe_mixes(src, f32, native, tmp_path)

@@ -15,12 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.gguf_files import mreg_file, tensors
 from support.llama_cpp_tools import Tools, build, imatrix_command, quantize_command, run
 
 from converters.gguf import imatrix
-from converters.gguf.converter import write
-from converters.gguf.model import SafetensorsReader
-from converters.gguf.plan import plans
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is in the test extra")
 gguf = pytest.importorskip("gguf")
@@ -46,20 +44,6 @@ def tools(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         pytest.skip(str(e))
 
 
-def _mreg_file(src: Path, file_type: str, dest: Path, imp: imatrix.Importance | None = None) -> Path:
-    (p,) = plans(src, sorted(src.glob("*.safetensors")), [file_type], "tiny", has_imatrix=[imp is not None])
-    reader = SafetensorsReader()
-    try:
-        write([p], [dest], reader, workers=2, importance=[imp])
-    finally:
-        reader.close()
-    return dest
-
-
-def _tensors(path: Path) -> dict[str, tuple[str, bytes]]:
-    return {t.name: (t.tensor_type.name, bytes(t.data.tobytes())) for t in gguf.GGUFReader(path).tensors}
-
-
 @pytest.fixture(scope="module")
 def both(tmp_path_factory: pytest.TempPathFactory, tools: Tools) -> dict[str, Path]:
     """A bf16 llama (GQA 4), its F32 GGUF, a slice of the shipped calibration text, mreg's importance matrix of it
@@ -71,7 +55,7 @@ def both(tmp_path_factory: pytest.TempPathFactory, tools: Tools) -> dict[str, Pa
                            num_heads=4, num_kv_heads=1, num_layers=2)
     text = root / "calibration.txt"
     text.write_text(imatrix.DEFAULT_CALIBRATION.read_text(encoding="utf-8")[:2000], encoding="utf-8")
-    f32 = _mreg_file(src, "F32", root / "tiny-F32.gguf")
+    f32 = mreg_file(src, "F32", root / "tiny-F32.gguf")
     ours = root / "mreg.imatrix.gguf"
     imatrix.compute(src, text, ours, CTX, text.name)
     theirs = root / "llama.imatrix.gguf"
@@ -104,9 +88,9 @@ def test_the_files_have_one_layout(both: dict[str, Path]) -> None:
 def test_llama_quantize_with_mregs_imatrix_writes_mregs_bytes(file_type: str, both: dict[str, Path], tools: Tools,
                                                               tmp_path: Path) -> None:
     """`llama-quantize --imatrix mreg.imatrix.gguf` accepts mreg's file and writes every tensor as mreg does."""
-    ours = _tensors(_mreg_file(both["src"], file_type, tmp_path / "mreg.gguf", imatrix.read(both["mreg"])))
+    ours = tensors(mreg_file(both["src"], file_type, tmp_path / "mreg.gguf", imatrix.read(both["mreg"])))
     run(quantize_command(tools, both["f32"], tmp_path / "llama.gguf", file_type, both["mreg"]))
-    theirs = _tensors(tmp_path / "llama.gguf")
+    theirs = tensors(tmp_path / "llama.gguf")
     assert {n: t for n, (t, _) in ours.items()} == {n: t for n, (t, _) in theirs.items()}
     assert [n for n in ours if ours[n][1] != theirs[n][1]] == []
 
@@ -114,6 +98,6 @@ def test_llama_quantize_with_mregs_imatrix_writes_mregs_bytes(file_type: str, bo
 def test_mreg_with_llama_imatrixs_file_writes_llama_quantizes_bytes(both: dict[str, Path], tools: Tools,
                                                                     tmp_path: Path) -> None:
     """mreg reads the file llama-imatrix wrote and weights the encoder as llama-quantize does with it."""
-    ours = _tensors(_mreg_file(both["src"], "Q4_K_M", tmp_path / "m.gguf", imatrix.read(both["llama"])))
+    ours = tensors(mreg_file(both["src"], "Q4_K_M", tmp_path / "m.gguf", imatrix.read(both["llama"])))
     run(quantize_command(tools, both["f32"], tmp_path / "l.gguf", "Q4_K_M", both["llama"]))
-    assert ours == _tensors(tmp_path / "l.gguf")
+    assert ours == tensors(tmp_path / "l.gguf")
