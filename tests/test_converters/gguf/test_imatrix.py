@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support.cli import artifact, convert
-from support.gguf_files import mreg_file, tensors
+from support.gguf_files import calibrated_llama, mreg_file, tensors
 
 from converters.gguf import imatrix
 from converters.gguf.mix import FILE_TYPES, MixParams, choose_types
@@ -51,16 +51,9 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory, native: dict[str, Path]
     """A bf16 llama (GQA 4), its F32 GGUF, a slice of the shipped calibration text, and the importance matrix of
     each side on it: mreg's (its float32 reference pass) and llama.cpp's (its own forward pass of the F32 file)."""
     from support.llama_cpp_native import imatrix as llama_imatrix
-    from support.tiny_models import build_tiny_llama
 
     root = tmp_path_factory.mktemp("imatrix")
-    src = build_tiny_llama(root / "src", dtype="bfloat16", vocab_size=384, hidden_size=256, intermediate_size=256,
-                           num_heads=4, num_kv_heads=1, num_layers=2)
-    text = root / "calibration.txt"
-    text.write_text(imatrix.DEFAULT_CALIBRATION.read_text(encoding="utf-8")[:2000], encoding="utf-8")
-    f32 = mreg_file(src, "F32", root / "tiny-F32.gguf")
-    ours = root / "mreg.imatrix.gguf"
-    imatrix.compute(src, text, ours, CTX, text.name)
+    src, text, f32, ours = calibrated_llama(root, CTX)
     theirs = llama_imatrix(native["imatrix_by_eval_callback"], f32, text, CTX, root / "llama.imatrix.gguf")
     return {"src": src, "f32": f32, "text": text, "mreg": ours, "llama": theirs, "root": root}
 

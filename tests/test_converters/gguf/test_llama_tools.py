@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.gguf_files import mreg_file, tensors
+from support.gguf_files import calibrated_llama, mreg_file, tensors
 from support.llama_cpp_tools import Tools, build, imatrix_command, quantize_command, run
 
 from converters.gguf import imatrix
@@ -48,16 +48,8 @@ def tools(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def both(tmp_path_factory: pytest.TempPathFactory, tools: Tools) -> dict[str, Path]:
     """A bf16 llama (GQA 4), its F32 GGUF, a slice of the shipped calibration text, mreg's importance matrix of it
     and `llama-imatrix`'s of the F32 file on the same text."""
-    from support.tiny_models import build_tiny_llama
-
     root = tmp_path_factory.mktemp("llama-tools")
-    src = build_tiny_llama(root / "src", dtype="bfloat16", vocab_size=384, hidden_size=256, intermediate_size=256,
-                           num_heads=4, num_kv_heads=1, num_layers=2)
-    text = root / "calibration.txt"
-    text.write_text(imatrix.DEFAULT_CALIBRATION.read_text(encoding="utf-8")[:2000], encoding="utf-8")
-    f32 = mreg_file(src, "F32", root / "tiny-F32.gguf")
-    ours = root / "mreg.imatrix.gguf"
-    imatrix.compute(src, text, ours, CTX, text.name)
+    src, text, f32, ours = calibrated_llama(root, CTX)
     theirs = root / "llama.imatrix.gguf"
     run(imatrix_command(tools, f32, text, theirs, ctx=CTX))
     return {"src": src, "f32": f32, "text": text, "mreg": ours, "llama": theirs}
