@@ -57,6 +57,7 @@ from registry.convert.protocol import (
     main_file,
     spec_of,
 )
+from registry.digest import sha256_file
 from registry.errors import UsageError
 from registry.progress import NoProgress, Progress
 
@@ -572,7 +573,7 @@ class GGUFConverter(ConverterBase):
             dest = workdir / (f"{base}.imatrix.gguf" if gguf_format else f"{base}.imatrix.dat")
             shutil.copyfile(source, dest)
             imp = imatrix.read(dest)
-            record = GGUFImportance(file=dest.name, sha256=imatrix.sha256_of(dest), made_by="given",
+            record = GGUFImportance(file=dest.name, sha256=sha256_file(dest), made_by="given",
                                     dataset=imp.datasets[0] if imp.datasets else None, chunks=imp.chunk_count,
                                     chunk_size=imp.chunk_size, entries=len(imp.sums), seconds=0.0)
         imatrix.check_fits(imp, p.model, record.file)

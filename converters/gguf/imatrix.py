@@ -23,7 +23,6 @@ tensors, sorted by name:  <name>.in_sum2  F32 [ncols, nmat]     <name>.counts  F
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
@@ -39,6 +38,7 @@ import numpy as np
 from converters.gguf.file import HashingWriter, TensorInfo, header
 from converters.gguf.model import _EXPERT, ModelPlan
 from converters.gguf.quants.blocks import Floats
+from registry.digest import sha256_file
 from registry.errors import MregError, UsageError
 
 #: The calibration text mreg ships (`--calibration default`), and llama-imatrix's default chunk size.
@@ -253,15 +253,6 @@ def _read_legacy(path: Path) -> Importance:
     return imp
 
 
-def sha256_of(path: Path) -> str:
-    """The sha256 of a (small) file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def check_fits(imp: Importance, model: ModelPlan, source: str) -> None:
     """Every entry of a matrix the model has must fit it (llama.cpp's quantizer refuses a size mismatch)."""
     shapes = {t.name: t.shape for t in model.tensors}
@@ -387,7 +378,7 @@ def options(file_type: str, tokens: dict[str, str]) -> dict[str, Any]:
 def _digest(path: Path, flag: str) -> str:
     if not path.is_file():
         raise UsageError(f"{flag} {path}: no such file", hint=_HINT)
-    digest = sha256_of(path)
+    digest = sha256_file(path)
     _PATHS[digest] = path.resolve()
     return digest
 
@@ -395,7 +386,7 @@ def _digest(path: Path, flag: str) -> str:
 def path_of(digest: str) -> Path:
     """The file an option's digest was read from in this process, checked unchanged."""
     path = _PATHS.get(digest)
-    if path is None or not path.is_file() or sha256_of(path) != digest:
+    if path is None or not path.is_file() or sha256_file(path) != digest:
         raise UsageError("the calibration text or importance matrix changed (or vanished) since the command started",
                          hint="run the command again")
     return path

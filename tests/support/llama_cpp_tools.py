@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from registry.digest import sha256_file
 from support.llama_cpp_native import _lib_dir
 from support.llama_cpp_source import SDIST_ENV, Unavailable
 
@@ -58,14 +59,6 @@ class Tools:
     quantize: Path
     build_seconds: float
     cached: bool
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _sdist() -> Path:
@@ -152,8 +145,8 @@ def build(cache: Path, jobs: int = 2) -> Tools:
         raise Unavailable("g++ (and binutils' ar) are not installed")
     archive, lib = _sdist(), _lib_dir()
     flags = f"common {COMMON_OPT}, tools {TOOL_OPT}"
-    key = hashlib.sha256(f"{_sha256(lib / 'libllama.so')} {flags}".encode()).hexdigest()
-    root = cache / f"llama-tools-{_sha256(archive)[:16]}-{key[:12]}"
+    key = hashlib.sha256(f"{sha256_file(lib / 'libllama.so')} {flags}".encode()).hexdigest()
+    root = cache / f"llama-tools-{sha256_file(archive)[:16]}-{key[:12]}"
     if (root / "build.json").is_file():
         return Tools(root / "llama-imatrix", root / "llama-quantize", 0.0, cached=True)
     cache.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from support.gguf_files import calibrated_llama, mreg_file, tensors
 from converters.gguf import imatrix
 from converters.gguf.mix import FILE_TYPES, MixParams, choose_types
 from converters.gguf.plan import needs_imatrix, plans
+from registry.digest import sha256_file
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is in the test extra")
 gguf = pytest.importorskip("gguf")
@@ -194,12 +195,12 @@ def test_calibration_default_is_recorded_keyed_and_lowers_kl(mreg: Any, store_ro
     art, tree = artifact(store_root, "cal", 1, "gguf")
     record = art["requirements"]["imatrix"]
     assert record["made_by"] == "mreg" and record["file"] == "cal.imatrix.gguf"
-    assert record["dataset_sha256"] == imatrix.sha256_of(imatrix.DEFAULT_CALIBRATION)
+    assert record["dataset_sha256"] == sha256_file(imatrix.DEFAULT_CALIBRATION)
     assert record["tokens"] > 2 * CTX and record["chunks"] == record["tokens"] // CTX and record["chunk_size"] == CTX
     assert art["options"]["calibration"] == {"sha256": record["dataset_sha256"], "name": "calibration.txt",
                                              "chunk_size": CTX}
     assert {f["path"] for f in art["files"]} == {"cal-Q3_K_S.gguf", "cal.imatrix.gguf"}
-    assert imatrix.sha256_of(tree / "cal.imatrix.gguf") == record["sha256"]
+    assert sha256_file(tree / "cal.imatrix.gguf") == record["sha256"]
     fields = gguf.GGUFReader(tree / "cal-Q3_K_S.gguf").fields
     assert fields["quantize.imatrix.file"].contents() == "cal.imatrix.gguf"
     assert art["verification"]["status"] == "passed"
@@ -352,7 +353,7 @@ def test_an_imatrix_from_llama_imatrix_converts_iq2_m_that_llama_cpp_loads(mreg:
     record = art["requirements"]["imatrix"]
     assert record["made_by"] == "given" and record["chunk_size"] == CTX and record["tokens"] is None
     assert (tree / record["file"]).read_bytes() == calibrated["llama"].read_bytes()
-    assert art["options"]["imatrix"]["sha256"] == record["sha256"] == imatrix.sha256_of(calibrated["llama"])
+    assert art["options"]["imatrix"]["sha256"] == record["sha256"] == sha256_file(calibrated["llama"])
     v = art["verification"]
     assert v["status"] == "passed" and v["metrics"]["llama_cpp_loaded"] == 1.0
     assert v["budget"] == {"kl_divergence": 0.6} and "kl_divergence" in v["metrics"]
