@@ -291,8 +291,11 @@ class PullRecord(_Record):
     source: SourceInfo
     skipped: tuple[str, ...] = ()
     pulled: Provenance
-    #: Local imports: each file's (size, mtime_ns) when it was hashed, so an unchanged directory is not re-read.
-    local_stat: dict[str, tuple[int, int]] = Field(default_factory=dict)
+    #: Local imports: each file's (size, mtime_ns, ctime_ns, device, inode) when it was hashed, so an unchanged
+    #: directory is not read again and a linked snapshot is trusted only while they all still hold.
+    local_stat: dict[str, tuple[int, int, int, int, int]] = Field(default_factory=dict)
+    #: A local import whose snapshot links to the directory's own files instead of copies in the cache.
+    linked: bool = False
 
 
 class AliasRecord(_Record):

@@ -81,10 +81,11 @@ def open_s3_store(url: str, *, endpoint_url: str | None = None) -> S3Store:
 
 def pull(source: str, *, cache: str | Path, include: Sequence[str] = (), exclude: Sequence[str] = (),
          allow_pickle: bool = False, offline: bool = False, endpoint: str | None = None,
-         progress: Progress | None = None, insecure: bool = False) -> Snapshot:
+         progress: Progress | None = None, insecure: bool = False, copy: bool = False) -> Snapshot:
     """Bring `ORG/NAME[@REV]`, `./DIR`, `file:///DIR`, `oci://HOST/REPO:TAG|@DIGEST`, `oci-layout:DIR[:TAG]` or
     `oci-archive:FILE.tar[:TAG]` into the cache, every file verified; returns the snapshot. `insecure`: plain HTTP
-    to a loopback registry."""
+    to a loopback registry. A local directory is hashed and linked in place (trusted while its files are
+    unchanged), or copied into the cache with `copy`."""
     from registry import cache as cache_pkg
     from registry.oci import reference
 
@@ -100,7 +101,7 @@ def pull(source: str, *, cache: str | Path, include: Sequence[str] = (), exclude
                              progress=progress)
 
     return cache_pkg.pull(Path(cache), source, include=include, exclude=exclude, allow_pickle=allow_pickle,
-                          offline=offline, endpoint=endpoint, progress=progress)
+                          offline=offline, endpoint=endpoint, copy=copy, progress=progress)
 
 
 def parse_targets(targets: Sequence[str | Target]) -> list[Target]:
@@ -136,7 +137,8 @@ def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore,
 
     SOURCE is a hub repository, a local directory, or `NAME@REF` of a version in the store: the
     new version then carries that version's artifacts and adds the targets. `on_pull` runs just
-    before anything is fetched (the CLI quiets huggingface_hub's bars there).
+    before anything is fetched (the CLI quiets huggingface_hub's bars there). `copy`: copies, never
+    links: a local directory into the cache, the cache's files into the store.
     """
     from registry.cache import load_record
     from registry.convert.execute import convert as run
@@ -151,7 +153,8 @@ def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore,
             snap = load_record(Path(cache), src.repo, src.commit)
             if snap is None:
                 raise UsageError(f"the source of {parent.name}@{parent.number} ({src.requested_revision}) is no "
-                                 f"longer in the cache {cache}", hint=f"run `mreg pull {src.requested_revision}`")
+                                 f"longer in the cache {cache}, or its directory changed since it was imported",
+                                 hint=f"run `mreg pull {src.requested_revision}`")
         else:
             fetch()
             snap = pull(f"{src.repo}@{src.commit}", cache=cache, include=include, exclude=exclude,
@@ -165,7 +168,7 @@ def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore,
         fetch()
         source = _refuse_early(source, parsed, cache=cache, offline=offline, endpoint=endpoint, insecure=insecure)
         snap = pull(source, cache=cache, include=include, exclude=exclude, allow_pickle=allow_pickle,
-                    offline=offline, endpoint=endpoint, progress=progress, insecure=insecure)
+                    offline=offline, endpoint=endpoint, progress=progress, insecure=insecure, copy=copy)
     return run(store, snap, name, parsed, copy=copy, progress=progress, parent=parent)
 
 

@@ -19,12 +19,13 @@ from registry.progress import Progress
 __all__ = ["Snapshot", "load_record", "local_source", "pull", "pull_hub", "pull_local"]
 
 def pull(cache: Path, source: str, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
-         allow_pickle: bool = False, offline: bool = False, endpoint: str | None = None,
+         allow_pickle: bool = False, offline: bool = False, endpoint: str | None = None, copy: bool = False,
          progress: Progress | None = None) -> Snapshot:
-    """Pull `ORG/NAME[@REV]`, `./DIR` or `file:///DIR` into the cache (a local directory ignores the hub options)."""
+    """Pull `ORG/NAME[@REV]`, `./DIR` or `file:///DIR` into the cache (a local directory ignores the hub options;
+    it is linked in place unless `copy`)."""
     local = local_source(source)
     if local is not None:
-        return pull_local(cache, local, include=include, exclude=exclude, allow_pickle=allow_pickle,
+        return pull_local(cache, local, include=include, exclude=exclude, allow_pickle=allow_pickle, copy=copy,
                           progress=progress)
     repo, _, rev = source.partition("@")
     return pull_hub(cache, repo, rev or None, endpoint=endpoint, include=include, exclude=exclude,

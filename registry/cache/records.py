@@ -7,6 +7,11 @@ Layout (huggingface_hub's, plus mreg's records; names in `registry.layout`)::
       models--org--name/snapshots/<commit>/…    symlinks into blobs
       models--org--name/refs/<branch>           the commit a branch pointed to
       .mreg/pulls/models--org--name/<commit>.json   what mreg verified (a PullRecord)
+
+A local directory imported without a copy (`PullRecord.linked`) has a snapshot of absolute links to
+the directory's own files and no blobs: its record is trusted only while every file keeps the size,
+times, device and inode it was hashed with (`identity`); a change makes the snapshot unusable, never
+silently different.
 """
 
 from __future__ import annotations
@@ -20,6 +25,17 @@ from pathlib import Path
 from manifests import PullRecord, SourceFile
 from registry import atomic, layout
 from registry.cache.plan import is_commit, unsafe_reason
+from registry.errors import IntegrityError
+
+#: What identifies a file's bytes without reading them: (size, mtime_ns, ctime_ns, device, inode). A write
+#: moves ctime, which no user can set back; a replacement by rename changes the inode.
+Identity = tuple[int, int, int, int, int]
+
+
+def identity(path: Path) -> Identity:
+    """The identity of the file `path` names (links followed)."""
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino
 
 
 @dataclass(frozen=True)
@@ -36,6 +52,22 @@ class Snapshot:
         """The real file (blob) behind one path of the snapshot."""
         return (self.path / rel).resolve()
 
+    @property
+    def linked(self) -> bool:
+        """Whether the files are a local directory's own (to be copied, never hard-linked, into a store)."""
+        return self.record.linked
+
+    def check_unchanged(self) -> None:
+        """Raise IntegrityError when a linked snapshot's file changed since it was hashed (for a snapshot of
+        copies there is nothing to check: its blobs are the cache's own)."""
+        changed = _changed(self.path, self.record)
+        if changed:
+            raise IntegrityError(
+                f"{changed} in {self.record.source.requested_revision} changed while mreg was using it "
+                "(it was hashed before); nothing was published",
+                hint="run the command again once nothing writes to the directory, or with --copy to work from "
+                     "a copy in the cache")
+
 def load_record(cache: Path, repo: str, commit: str) -> Snapshot | None:
     """A previously verified snapshot whose files are all still present, if any."""
     path = layout.pull_record_path(cache, repo, commit)
@@ -50,7 +82,22 @@ def load_record(cache: Path, repo: str, commit: str) -> Snapshot | None:
                 return None
         except OSError:
             return None
+    if _changed(snap, record):
+        return None
     return Snapshot(cache, record, snap, reused=True)
+
+
+def _changed(snap: Path, record: PullRecord) -> str | None:
+    """The first file of a linked snapshot that is gone or no longer what was hashed, if any."""
+    if not record.linked:
+        return None
+    for f in record.source.files:
+        try:
+            if identity(snap / f.path) != record.local_stat.get(f.path):
+                return f.path
+        except OSError:
+            return f.path
+    return None
 
 def cached_ref(cache: Path, repo: str, revision: str) -> str | None:
     """The commit a branch or tag pointed to when it was last pulled."""
@@ -76,22 +123,42 @@ def write_ref(cache: Path, repo: str, revision: str, commit: str) -> None:
     atomic.write_bytes(ref, commit.encode())
 
 
-def publish_snapshot(cache: Path, repo: str, commit: str, files: Sequence[SourceFile]) -> Path:
-    """The snapshot directory of `commit`: one relative link per file to its blob, made whole in a temporary
-    directory and renamed into place (a reader sees all of it or none; a concurrent maker's copy wins)."""
+def publish_snapshot(cache: Path, repo: str, commit: str, files: Sequence[SourceFile],
+                     origin: Path | None = None) -> Path:
+    """The snapshot directory of `commit`: one link per file, to its blob (relative), or with `origin` to the
+    file of that directory (absolute). Made whole in a temporary directory and renamed into place (a reader
+    sees all of it or none); when it exists, each link that leads elsewhere is replaced atomically (a link
+    and its replacement hold the same bytes: the commit names them)."""
     snap = layout.cache_snapshot_dir(cache, repo, commit)
-    if snap.is_dir():
-        return snap
     blobs = layout.cache_blobs_dir(cache, repo)
+
+    def target(sf: SourceFile, parent: Path) -> str:
+        return str(origin / sf.path) if origin is not None else os.path.relpath(blobs / sf.sha256, parent)
+
+    if snap.is_dir():
+        for sf in files:
+            link = snap / sf.path
+            want = target(sf, link.parent)
+            try:
+                if os.readlink(link) == want:
+                    continue
+            except OSError:
+                pass
+            link.parent.mkdir(parents=True, exist_ok=True)
+            tmp = atomic.temp_name(link, "link")
+            os.symlink(want, tmp)
+            os.replace(tmp, link)
+        return snap
     stage = atomic.temp_name(snap, "snap")
     for sf in files:
         link = stage / sf.path
         link.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink(os.path.relpath(blobs / sf.sha256, link.parent), link)
+        os.symlink(target(sf, link.parent), link)
     try:
         os.rename(stage, snap)
     except OSError:
         shutil.rmtree(stage, ignore_errors=True)
         if not snap.is_dir():
             raise
+        return publish_snapshot(cache, repo, commit, files, origin)
     return snap

@@ -55,7 +55,7 @@ def snapshot_doc(snap: Snapshot) -> dict[str, Any]:
         "repo": src.repo, "kind": src.kind, "revision": src.requested_revision, "commit": src.commit,
         "cache_dir": str(snap.cache), "snapshot": str(snap.path), "files": len(src.files),
         "bytes": sum(f.size for f in src.files), "downloaded_bytes": snap.downloaded_bytes,
-        "from_cache": snap.reused, "skipped": list(snap.record.skipped),
+        "from_cache": snap.reused, "skipped": list(snap.record.skipped), "linked": snap.linked,
     }
 
 
@@ -65,10 +65,12 @@ def snapshot_doc(snap: Snapshot) -> dict[str, Any]:
 @config_option
 @cache_option
 @pull_options
+@click.option("--copy", is_flag=True,
+              help="A local directory: copy its files into the cache instead of linking to them in place.")
 @json_option
 def pull_cmd(source: str, config_path: str | None, cache_dir: str | None, include: tuple[str, ...],
              exclude: tuple[str, ...], allow_pickle: bool, offline: bool, endpoint: str | None,
-             insecure: bool, as_json: bool) -> None:
+             insecure: bool, copy: bool, as_json: bool) -> None:
     """Download a hub repository (or import a local directory) into the cache, pinned and verified.
 
     Every file is checked against the hub's sha256 (LFS) or git blob id; free space is checked
@@ -77,11 +79,16 @@ def pull_cmd(source: str, config_path: str | None, cache_dir: str | None, includ
     layout, or an OCI archive oci-archive:FILE.tar[:TAG], read in place) lands as a snapshot
     pinned to its manifest digest, every layer checked against its digest; for a version mreg
     pushed (as an artifact, or as an image with --as-image), the snapshot is its hf artifact.
+
+    A local directory is hashed and linked in place, not copied: the snapshot is used only while
+    every file keeps the size, times and inode it was hashed with (a changed file means pulling
+    again), and conversions copy what they store. --copy keeps a copy in the cache instead, as
+    does an import of files written in the last two seconds.
     """
     cache = settings_for(config_path, cache_dir).require_cache()
     quiet_hub(as_json)
     snap = api.pull(source, cache=cache, include=include, exclude=exclude, allow_pickle=allow_pickle,
-                    offline=offline, endpoint=endpoint, progress=progress_for(as_json), insecure=insecure)
+                    offline=offline, endpoint=endpoint, progress=progress_for(as_json), insecure=insecure, copy=copy)
     doc = snapshot_doc(snap)
     Output(as_json).result(doc, lambda: "\n".join(filter(None, [
         f"✓ {doc['repo']}@{doc['commit'][:12]} ({doc['files']} files, {human_size(doc['bytes'])}"
@@ -94,7 +101,9 @@ def pull_cmd(source: str, config_path: str | None, cache_dir: str | None, includ
 
 def _how(snap: Snapshot) -> str:
     if snap.reused:
-        return ", from cache, nothing transferred"
+        return ", from cache, linked in place" if snap.linked else ", from cache, nothing transferred"
+    if snap.linked:
+        return ", hashed and linked in place"
     if snap.record.source.kind == "local":
         return ", imported and hashed"
     return f", {human_size(snap.downloaded_bytes)} downloaded"

@@ -55,7 +55,7 @@ def _gguf_tokens(budget: str | None, evaluation: str | None, eval_tokens: int | 
                    "with-past], tensorrt[:target=sm_86+sm_89,…].")
 @click.option("--name", help="Model name in the store (default for NAME@REF sources: the same model).")
 @click.option("--copy", is_flag=True,
-              help="Copy files into the store instead of hard-linking them from the cache.")
+              help="Copy, never link: a local directory into the cache, the cache's files into the store.")
 @click.option("--backend", type=click.Choice(["tensorrt-rtx", "tensorrt"]), help="TensorRT: the builder.")
 @click.option("--target", "trt_target", metavar="sm_86,sm_89", help="TensorRT: compute capabilities, one engine each.")
 @click.option("--shapes", metavar="NAME=MIN:OPT:MAX,...", help="TensorRT: profiles, e.g. input_ids=1x1:1x128:8x2048.")

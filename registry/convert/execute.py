@@ -88,6 +88,7 @@ def _make(store: LocalStore, snapshot: Snapshot, name: str, key: str, plan: list
                 model=read_model_info(snapshot.record.source, snapshot.file),
                 created=provenance.now(),
             )
+            snapshot.check_unchanged()  # a linked directory written to while it was read: nothing is published
             version = store.publish(staging, manifest)
         except BaseException:
             staging.discard()
@@ -103,8 +104,9 @@ def _run_group(staging: Staging, snapshot: Snapshot, name: str, group: list[Plan
     workdir = staging.path / conv.format
     workdir.mkdir(exist_ok=True)
     before = {p.relative_to(workdir).as_posix() for p in workdir.rglob("*") if p.is_file()}
-    place = staging.placer(conv.format, copy=copy, trusted_before=snapshot.record.pulled.at.timestamp(),
-                           progress=progress)
+    # A linked snapshot's files are the user's: copied (and verified) into the store, never hard-linked.
+    place = staging.placer(conv.format, copy=copy or snapshot.linked,
+                           trusted_before=snapshot.record.pulled.at.timestamp(), progress=progress)
     requests = [ConversionRequest(
         source=snapshot.record.source,
         source_files=snapshot.file,
