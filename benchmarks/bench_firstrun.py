@@ -1,7 +1,8 @@
 """The first GGUF conversion from a checkpoint directory: `mreg pull DIR` then `mreg convert --to gguf:T`, cold.
 
-`python benchmarks/bench_firstrun.py WORKDIR [--types F16,Q8_0]`: the TinyLlama-shaped bf16 checkpoint of
-`bench_gguf` (built once in WORKDIR), then per type, from an empty cache and store, the pull and the conversion
+`python benchmarks/bench_firstrun.py WORKDIR [--types F16,Q8_0] [--shape tinyllama|llama2-7b]`: the
+TinyLlama-shaped (1.1 B) or Llama-2-7B-shaped (6.7 B, 13.5 GB) bf16 checkpoint of `bench_gguf` (built once
+in WORKDIR), then per type, from an empty cache and store, the pull and the conversion
 back to back (the page cache dropped before the pull only: a first run reads what the pull just wrote), beside
 llama.cpp's `convert_hf_to_gguf.py` on the same directory, the page cache dropped before it too. Prints one
 JSON line per type: seconds of each step, mreg's metrics (write, verify, reference) and the ratio.
@@ -22,7 +23,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_gguf import _convert_hf_to_gguf, build_tinyllama, settle
+from bench_gguf import LLAMA2_7B, TINYLLAMA, _convert_hf_to_gguf, build_tinyllama, settle
+
+SHAPES = {"tinyllama": TINYLLAMA, "llama2-7b": LLAMA2_7B}
 
 
 def _run(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[float, str]:
@@ -68,15 +71,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("workdir", type=Path)
     parser.add_argument("--types", default="F16,Q8_0")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tinyllama")
     args = parser.parse_args()
     work: Path = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     llama_cpp = source(work / "llama-cpp-source")
-    src = work / "tinyllama"
+    src = work / args.shape
     if not (src / "model.safetensors.index.json").is_file():
         shutil.rmtree(src, ignore_errors=True)
         src.mkdir()
-        build_tinyllama(src, llama_cpp)
+        build_tinyllama(src, llama_cpp, SHAPES[args.shape])
     for qtype in args.types.split(","):
         print(json.dumps(first_run(work, src, qtype, llama_cpp)), flush=True)
 

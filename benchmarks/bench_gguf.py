@@ -26,6 +26,9 @@ from support.cli import artifact
 
 TINYLLAMA = {"hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
              "intermediate_size": 5632, "vocab_size": 32000, "max_position_embeddings": 2048}
+#: Llama 2 7B's shape (6.7 B parameters, 13.5 GB in bf16), for the first-run benchmark at 7 B.
+LLAMA2_7B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+             "intermediate_size": 11008, "vocab_size": 32000, "max_position_embeddings": 4096}
 TYPES = ("F16", "Q8_0", "Q4_K_M")
 
 
@@ -113,16 +116,16 @@ def llama2_tokenizer(dest: Path, llama_cpp: Path | None) -> str:
     return tokenizer
 
 
-def build_tinyllama(dest: Path, llama_cpp: Path | None) -> tuple[Path, str]:
+def build_tinyllama(dest: Path, llama_cpp: Path | None, shape: dict[str, int] = TINYLLAMA) -> tuple[Path, str]:
     """The TinyLlama-shaped bf16 checkpoint (TinyLlama's tokenizer is Llama 2's), weights streamed to disk,
-    and which tokenizer it has."""
+    and which tokenizer it has; `shape`: another Llama 2-tokenized shape (LLAMA2_7B)."""
     tokenizer = llama2_tokenizer(dest, llama_cpp)
-    c = TINYLLAMA
+    c = shape
     h, inter, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     kv = h // c["num_attention_heads"] * c["num_key_value_heads"]
     write_bf16_shards(dest, llama_shapes(h, inter, kv, c["num_hidden_layers"], v, tied=False))
     config = json.loads((dest / "config.json").read_text())
-    config.update(TINYLLAMA, head_dim=h // c["num_attention_heads"], tie_word_embeddings=False)
+    config.update(c, head_dim=h // c["num_attention_heads"], tie_word_embeddings=False)
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     return at_rest(dest), tokenizer
 

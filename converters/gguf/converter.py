@@ -336,7 +336,7 @@ class GGUFConverter(ConverterBase):
         if text is not None or tokens is not None:
             out["evaluation"] = texts.option(text or "default", tokens)
         elif qtype not in texts.PROMPT_TYPES:
-            out["evaluation"] = texts.option("default", str(texts.IMPLICIT_TOKENS))
+            out["evaluation"] = texts.option("default", str(texts.implicit_tokens(qtype)))
         return out
 
     def check_config(self, config: dict[str, Any], options: Options | None = None) -> None:

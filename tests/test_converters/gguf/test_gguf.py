@@ -43,9 +43,9 @@ def test_each_architecture_converts_loads_and_tokenizes_like_hf(
     assert art["requirements"]["architecture"] == arch and art["requirements"]["quantization"] == "Q8_0"
     assert art["options"]["type"] == "Q8_0" and "gguf" in art["tool_versions"]
     # A quantized type's quality is measured on the shipped evaluation text by default (its digest in the key).
-    assert art["options"]["evaluation"]["text"] == "default" and art["options"]["evaluation"]["max_tokens"] == 128
+    assert art["options"]["evaluation"]["text"] == "default" and art["options"]["evaluation"]["max_tokens"] == 32
     metrics = art["verification"]["metrics"]
-    assert metrics["evaluation_tokens"] == metrics["logits_positions"] == 128 and "perplexity_ratio" in metrics
+    assert metrics["evaluation_tokens"] == metrics["logits_positions"] == 32 and "perplexity_ratio" in metrics
     assert metrics["llama_cpp_loaded"] == 1.0, "llama.cpp loads the file (llama-cpp-python is in the test extra)"
     assert metrics["tokenization_mismatches"] == 0.0 and metrics["tokenization_strings"] >= 5
     reader = gguf.GGUFReader(path)

@@ -104,3 +104,15 @@ def test_promotion_refuses_a_file_over_budget(mreg: Any, store_root: Path, tiny_
     assert mreg("promote", "m@1", "--require", "gguf:quality", "--json").exit_code == 0
     shown = mreg("show", "m@1")
     assert shown.exit_code == 0 and "quality: KL " in shown.stdout and "(within)" in shown.stdout
+
+
+def test_each_named_type_is_measured_on_the_shipped_text_by_default_q8_0_on_fewer_tokens() -> None:
+    """Q8_0's error sits far inside its budget: 32 tokens of the text, not 128; asked-for caps are kept."""
+    from converters.gguf.converter import GGUFConverter
+
+    conv = GGUFConverter()
+    assert conv.options({"spec": "Q8_0"})["evaluation"]["max_tokens"] == 32
+    assert conv.options({"spec": "Q4_K_M"})["evaluation"]["max_tokens"] == 128
+    assert conv.options({"spec": "Q8_0,tokens=128"})["evaluation"]["max_tokens"] == 128
+    assert conv.options({"spec": "Q8_0,evaluation=default"})["evaluation"]["max_tokens"] == 512
+    assert "evaluation" not in conv.options({"spec": "F16"}), "F16 keeps the fixed prompt"
