@@ -21,6 +21,10 @@
    sdist by tests/support/llama_cpp_tools.py, cached under .nox/llama-tools).
 10. (`bench_moe.py`) a 3.6 GB Mixtral-shaped checkpoint (8 experts in each of 24 layers) pulled and converted
    to F16 and Q4_K_M against llama.cpp's converter and quantizer, and the same experts as 32 per layer (`--only moe`).
+11. (`bench_firstrun.py`) the first GGUF run from a checkpoint directory, `mreg pull DIR` + `mreg convert DIR
+   --to gguf:F16|Q8_0` from an empty cache and store, against `convert_hf_to_gguf.py` on the same directory:
+   the 1.1 B TinyLlama shape (`--only firstrun`), and Llama 2 7B's shape (`--only firstrun-7b`, not in the
+   default run: about 45 GB of disk).
 
 Writes bench-results/bench.json. Needs about 15 GB of free disk in --workdir (default ./bench-work).
 """
@@ -428,14 +432,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="bench-work")
     ap.add_argument("--only", choices=["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt", "oci", "quality",
-                                         "llama-tools", "moe"], action="append")
+                                         "llama-tools", "moe", "firstrun", "firstrun-7b"], action="append")
     ap.add_argument("--oci-gb", type=float, default=2.0, help="size of the OCI benchmark's version (GB)")
     args = ap.parse_args()
     work = Path(args.workdir).absolute()
     _rm(work)
     work.mkdir(parents=True)
     results: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
-    chosen = args.only or ["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt", "oci", "quality", "moe"]
+    chosen = args.only or ["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt", "oci", "quality", "moe",
+                           "firstrun"]
+    from bench_firstrun import bench_firstrun
     from bench_gguf import bench_gguf
     from bench_moe import bench_moe
     from bench_oci import bench_oci
@@ -444,7 +450,8 @@ def main() -> int:
     for key, fn in (("flips", bench_flips), ("register", bench_register), ("pull", bench_repull), ("s3", bench_s3),
                     ("gguf", bench_gguf), ("onnx", bench_onnx), ("tensorrt", bench_tensorrt),
                     ("oci", lambda w, r: bench_oci(w, r, args.oci_gb)), ("quality", bench_quality),
-                    ("llama-tools", bench_llama_tools), ("moe", bench_moe)):
+                    ("llama-tools", bench_llama_tools), ("moe", bench_moe), ("firstrun", bench_firstrun),
+                    ("firstrun-7b", lambda w, r: bench_firstrun(w, r, "llama2-7b"))):
         if key in chosen:
             fn(work, results)
     out = Path("bench-results")

@@ -64,6 +64,26 @@ def first_run(work: Path, src: Path, qtype: str, llama_cpp: Path) -> dict[str, A
             "kl": m.get("kl_divergence"), "convert_hf_to_gguf_s": round(ref_s, 2), "ratio": round(total / ref_s, 2)}
 
 
+def checkpoint(work: Path, shape: str, llama_cpp: Path) -> Path:
+    """The bf16 checkpoint of `shape` in `work`, built once."""
+    src = work / shape
+    if not (src / "model.safetensors.index.json").is_file():
+        shutil.rmtree(src, ignore_errors=True)
+        src.mkdir()
+        build_tinyllama(src, llama_cpp, SHAPES[shape])
+    return src
+
+
+def bench_firstrun(work: Path, results: dict[str, Any], shape: str = "tinyllama",
+                   types: tuple[str, ...] = ("F16", "Q8_0")) -> None:
+    """`bench.py --only firstrun` (1.1 B) and `--only firstrun-7b` (needs about 45 GB of disk): one row per type."""
+    from support.llama_cpp_source import source
+
+    llama_cpp = source(work / "llama-cpp-source")
+    src = checkpoint(work, shape, llama_cpp)
+    results.setdefault("firstrun", {})[shape] = [first_run(work, src, t, llama_cpp) for t in types]
+
+
 def main() -> None:
     """Build the checkpoint once, then one first run per type."""
     from support.llama_cpp_source import source
@@ -76,11 +96,7 @@ def main() -> None:
     work: Path = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     llama_cpp = source(work / "llama-cpp-source")
-    src = work / args.shape
-    if not (src / "model.safetensors.index.json").is_file():
-        shutil.rmtree(src, ignore_errors=True)
-        src.mkdir()
-        build_tinyllama(src, llama_cpp, SHAPES[args.shape])
+    src = checkpoint(work, args.shape, llama_cpp)
     for qtype in args.types.split(","):
         print(json.dumps(first_run(work, src, qtype, llama_cpp)), flush=True)
 

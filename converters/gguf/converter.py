@@ -36,7 +36,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from converters.gguf import auto, imatrix, overlap, quality
+from converters.gguf import auto, heap, imatrix, overlap, quality
 from converters.gguf import evaluation as texts
 from converters.gguf.file import HashingWriter, header
 from converters.gguf.mix import FILE_TYPES
@@ -375,6 +375,7 @@ class GGUFConverter(ConverterBase):
         if len(requests) > 1 and any(r.options["type"] == "auto" for r in requests):
             raise UsageError("gguf:auto goes alone: its choice could be one of the other types asked for",
                              hint="convert gguf:auto in a command of its own (a version of its own)")
+        heap.keep_freed_memory()  # every chunk's arrays reuse the last one's pages (converters.gguf.heap)
         # In the staging tree (the store's filesystem): a killed run leaves nothing outside the store; gc sweeps it.
         with tempfile.TemporaryDirectory(prefix=".gguf-src-", dir=first.workdir.parent) as tmp:
             directory = first.link_source(Path(tmp))

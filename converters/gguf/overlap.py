@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from converters.gguf import heap
+
 
 @dataclass
 class Ahead:
@@ -43,8 +45,9 @@ def child_env() -> dict[str, str]:
     """The environment of a child that runs mreg's code (the runtime check, the reference pass)."""
     root = Path(__file__).resolve().parents[2]
     # The reference forward pass runs its own thread pool: OpenBLAS threads on top of it are many times slower.
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-            "OPENBLAS_NUM_THREADS": "1"}
+    # Both children stream the weights block by block, so they keep freed memory as the writer does (heap).
+    return heap.child_env({**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+                           "OPENBLAS_NUM_THREADS": "1"})
 
 
 def lock_path(cache: Path) -> Path:

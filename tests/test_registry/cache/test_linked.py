@@ -80,7 +80,7 @@ def test_a_file_changed_while_it_is_converted_publishes_nothing(
     with pytest.raises(IntegrityError, match="changed since it was pulled"):  # the verified copy into the store
         convert(store, snap, "m", [("hf", {})])
     assert not store.has_model("m") or not list((store_root / "models" / "m" / "versions").iterdir())
-    with pytest.raises(IntegrityError, match="model.safetensors in .* changed while mreg was using it"):
+    with pytest.raises(IntegrityError, match=r"model\.safetensors in .* changed while mreg was using it"):
         snap.check_unchanged()  # what every conversion asks before it publishes
 
 
