@@ -38,7 +38,7 @@ import numpy as np
 
 from converters.gguf import auto, heap, imatrix, overlap, quality
 from converters.gguf import evaluation as texts
-from converters.gguf.file import HashingWriter, header
+from converters.gguf.file import HashingWriter, direct_io, header, page_in
 from converters.gguf.mix import FILE_TYPES
 from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan, check_architecture
 from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, needs_imatrix, plans
@@ -171,18 +171,23 @@ def _jobs(model: ModelPlan, reader: SafetensorsReader) -> Iterator[tuple[int, Te
 
 def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: SafetensorsReader, workers: int,
           progress: Progress | None = None, importance: Sequence[imatrix.Importance | None] = (), *,
-          durable: bool = True) -> list[tuple[str, list[EncodedTensor]]]:
+          durable: bool = True, direct: bool | None = None) -> list[tuple[str, list[EncodedTensor]]]:
     """Stream one file per plan (same model, other types) from one read of the source.
 
     Each chunk of rows is read once, encoded in a pool for every plan, and written in order into
     every file, which is hashed on the way; the pool runs only a few chunks ahead of the writer.
     `importance`, per plan: the importance matrix to quantize with, or None. With `durable` False the
-    files are not fsynced: the caller does it before they are used (beside their verification).
+    files are not fsynced: the caller does it before they are used (beside their verification). `direct`:
+    around the page cache or not (default: `converters.gguf.file.direct_io` of the files and the source).
     """
     progress = progress or NoProgress()
     stats = [[_Stats() for _ in p.infos] for p in planned]
+    if direct is None:
+        tensors = planned[0].model.tensors
+        shards = {t.source.path for t in tensors if t.source is not None} | {q.path for t in tensors for q in t.parts}
+        direct = direct_io(sum(i.nbytes for p in planned for i in p.infos), sum(s.stat().st_size for s in shards))
     with contextlib.ExitStack() as stack:
-        outs = [stack.enter_context(HashingWriter(d)) for d in dests]
+        outs = [stack.enter_context(HashingWriter(d, direct=direct)) for d in dests]
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers))
         for p, out in zip(planned, outs, strict=True):
             out.write(header(p.metadata, p.infos))
@@ -220,6 +225,9 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
                 out.pad()
             current += 1
         digests = [out.close(durable=durable) for out in outs]
+        for out in outs:
+            if out.direct:  # the verification reads it next (converters.gguf.file.page_in)
+                page_in(out.path)
     return [(digest, [EncodedTensor(info, choice, st.head, st.tail, _rel_rmse(st), st.maxerr, st.source_nonfinite,
                                     st.encoded_nonfinite)
                       for info, choice, st in zip(p.infos, p.choices, pstats, strict=True)])
