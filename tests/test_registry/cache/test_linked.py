@@ -114,3 +114,23 @@ def test_a_directory_written_moments_ago_is_copied(mreg: Any, model_dir: Path, c
     """Within the racy window a second write could keep every timestamp: linking would be a guess."""
     doc = mreg("pull", model_dir, "--json").json
     assert doc["linked"] is False and _cache_files(cache_root)
+
+
+def test_a_file_written_while_it_is_hashed_refuses_the_import(
+        mreg: Any, settled: Path, cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer appends while mreg reads: the hash is of neither version, so nothing is imported (exit 8)."""
+    from registry.cache import local
+
+    real = local.sha256_file
+
+    def hash_then_someone_writes(path: Path, *args: Any) -> str:
+        digest = real(path, *args)
+        if path.name == "model.safetensors":
+            with path.open("ab") as f:
+                f.write(b"more")
+        return digest
+
+    monkeypatch.setattr(local, "sha256_file", hash_then_someone_writes)
+    r = mreg("pull", settled, "--json")
+    assert r.exit_code == 8 and "changed while it was being read" in r.json["error"]["message"], r.stdout
+    assert r.json["error"]["hint"] and not list(cache_root.rglob("*.json")), "no record, no ref"
