@@ -39,32 +39,56 @@ def file_chunks(path: Path) -> Iterator[bytes]:
 
 
 def write_hashed(dest: Path, chunks: Iterable[bytes], on_bytes: Callable[[int], None] | None = None) -> str:
-    """Write chunks to a new file (never an existing one), fsync it, and return the sha256 of what was written.
-
-    Every `WRITEBACK` bytes a thread has the kernel write out what is there so far (fdatasync), so that the
-    disk works while the rest is read and hashed rather than all at the final fsync.
-    """
-    from concurrent.futures import Future, ThreadPoolExecutor
-
+    """Write chunks to a new file (never an existing one), fsync it, and return the sha256 of what was written
+    (the disk works while the rest is read and hashed: `EarlyWriteback`)."""
     h = hashlib.sha256()
-    written = 0
-    synced: Future[None] | None = None
-    with open(dest, "xb") as f, ThreadPoolExecutor(max_workers=1, thread_name_prefix="writeback") as syncer:
-        for chunk in chunks:
-            h.update(chunk)
-            f.write(chunk)
-            before, written = written, written + len(chunk)
-            if before // WRITEBACK != written // WRITEBACK and (synced is None or synced.done()):
-                if synced is not None:
-                    synced.result()
-                synced = syncer.submit(os.fdatasync, f.fileno())
-            if on_bytes is not None:
-                on_bytes(len(chunk))
-        f.flush()
-        if synced is not None:
-            synced.result()
+    with open(dest, "xb") as f:
+        writeback = EarlyWriteback(f.fileno())
+        try:
+            for chunk in chunks:
+                h.update(chunk)
+                f.write(chunk)
+                writeback.wrote(len(chunk))
+                if on_bytes is not None:
+                    on_bytes(len(chunk))
+            f.flush()
+            writeback.finish()
+        finally:
+            writeback.close()
         os.fsync(f.fileno())
     return h.hexdigest()
+
+
+class EarlyWriteback:
+    """Has the kernel write out what a file holds so far every `WRITEBACK` bytes (fdatasync in a thread of its
+    own), so that the disk works while the rest is produced rather than all at the final fsync (the kernel
+    starts on its own only past its dirty-memory threshold, 10% of RAM). One at a time; an I/O error surfaces
+    at the next call or at `finish`, never lost."""
+
+    def __init__(self, fd: int) -> None:
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        self._fd = fd
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="writeback")
+        self._running: Future[None] | None = None
+        self._written = 0
+
+    def wrote(self, n: int) -> None:
+        """Count `n` more bytes written; start a writeback at each `WRITEBACK` boundary when none is under way."""
+        before, self._written = self._written, self._written + n
+        if before // WRITEBACK != self._written // WRITEBACK and (self._running is None or self._running.done()):
+            if self._running is not None:
+                self._running.result()
+            self._running = self._pool.submit(os.fdatasync, self._fd)
+
+    def finish(self) -> None:
+        """Wait for the writeback under way; its error is raised here."""
+        if self._running is not None:
+            self._running.result()
+
+    def close(self) -> None:
+        """End the thread (after the writeback under way, whose error is not raised: the caller is failing)."""
+        self._pool.shutdown()
 
 
 def git_blob_sha1(data: bytes) -> str:

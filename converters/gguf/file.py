@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from registry.digest import EarlyWriteback
+
 ALIGNMENT = 32
 GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
               "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19,
@@ -110,14 +112,12 @@ class HashingWriter:
     With `direct` (see `direct_io`), where the filesystem allows it, the bytes go around the page cache
     (O_DIRECT): gathered into two page-aligned `STAGE`-byte buffers, each handed whole to a writing
     thread while the other fills, the last partial block written normally. Otherwise it writes through
-    the page cache and every `WRITEBACK` bytes has the kernel start writing out what is there (fdatasync
-    in a thread), so the disk works while the file is encoded instead of all at the final fsync.
+    the page cache, and the kernel is asked to write out what is there as it goes
+    (`registry.digest.EarlyWriteback`), so the disk works while the file is encoded.
     """
 
     #: Chunks handed to the hashing thread and not yet hashed (each is a few MB, kept alive until then).
     AHEAD = 8
-    #: Bytes written between two early writebacks (through the page cache).
-    WRITEBACK = 256 << 20
     #: Bytes per direct write: a multiple of every block size direct I/O asks to be aligned to.
     STAGE = 8 << 20
     #: What offsets and lengths of direct writes are multiples of.
@@ -129,28 +129,26 @@ class HashingWriter:
         self._h = hashlib.sha256()
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")  # one thread: in order
         self._pending: deque[Future[None]] = deque()
-        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="writeback")
-        self._synced: Future[None] | None = None
         self.size = 0
         self.direct = direct and _set_direct(self._fd, True)
+        # Direct: the thread that writes each full buffer. Otherwise: early writebacks of the page cache.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="direct-write")
+        self._written: Future[None] | None = None
+        self._writeback = EarlyWriteback(self._fd)
         self._stages = [_aligned(self.STAGE, self.BLOCK) for _ in range(2)] if self.direct else []
         self._fill = 0
 
     def write(self, data: bytes | memoryview) -> None:
         """Append bytes (which must not change until hashed: callers hand over fresh buffers)."""
         self._pending.append(self._hasher.submit(self._h.update, data))
-        before, self.size = self.size, self.size + len(data)
+        self.size += len(data)
         if self.direct:
             self._stage(memoryview(data).cast("B"))
         else:
             _write_all(self._fd, memoryview(data).cast("B"))
+            self._writeback.wrote(len(data))
         while len(self._pending) > self.AHEAD:
             self._pending.popleft().result()
-        if not self.direct and before // self.WRITEBACK != self.size // self.WRITEBACK and (
-                self._synced is None or self._synced.done()):
-            if self._synced is not None:
-                self._synced.result()  # an I/O error surfaces here, not lost
-            self._synced = self._syncer.submit(os.fdatasync, self._fd)
 
     def _stage(self, data: memoryview) -> None:
         """Copy into the filling buffer; hand each full one to the writing thread (after the one before it)."""
@@ -159,9 +157,9 @@ class HashingWriter:
             self._stages[0][self._fill:self._fill + n] = data[:n]
             self._fill, data = self._fill + n, data[n:]
             if self._fill == self.STAGE:
-                if self._synced is not None:
-                    self._synced.result()  # the other buffer is written (its error surfaces here)
-                self._synced = self._syncer.submit(_write_all, self._fd, self._stages[0])
+                if self._written is not None:
+                    self._written.result()  # the other buffer is written (its error surfaces here)
+                self._written = self._writer.submit(_write_all, self._fd, self._stages[0])
                 self._stages.reverse()
                 self._fill = 0
 
@@ -175,9 +173,11 @@ class HashingWriter:
         while self._pending:
             self._pending.popleft().result()
         self._hasher.shutdown()
-        if self._synced is not None:
-            self._synced.result()
-        self._syncer.shutdown()
+        if self._written is not None:
+            self._written.result()
+        self._writer.shutdown()
+        self._writeback.finish()
+        self._writeback.close()
         if self.direct and self._fill:
             whole = self._fill // self.BLOCK * self.BLOCK
             tail = self._stages[0][:self._fill]
@@ -200,7 +200,8 @@ class HashingWriter:
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self._hasher.shutdown(cancel_futures=True)
-        self._syncer.shutdown()  # waits for a write under way: the descriptor and buffers are released below
+        self._writer.shutdown()  # waits for a write under way: the descriptor and buffers are released below
+        self._writeback.close()
         self._release()
         if t is not None:
             self.path.unlink(missing_ok=True)
