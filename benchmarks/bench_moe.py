@@ -28,6 +28,7 @@ from bench_gguf import (
     _timed,
     at_rest,
     llama2_tokenizer,
+    llama_cpp_or_none,
     llama_quantize_cmd,
     write_bf16_shards,
 )
@@ -99,13 +100,7 @@ def _reference(src: Path, llama_cpp: Path, work: Path, env: dict[str, str], quan
 
 def bench_moe(work: Path, results: dict[str, Any]) -> None:
     """mreg pull + convert of an 8-expert Mixtral to F16 and Q4_K_M against llama.cpp's tools, then 32 experts."""
-    from support.llama_cpp_source import Unavailable, source
-
-    try:
-        llama_cpp: Path | None = source(work / "llama-cpp-source", allow_download=True)
-    except Unavailable as e:
-        print(f"moe: no llama.cpp source ({e}): no convert_hf_to_gguf.py figures", flush=True)
-        llama_cpp = None
+    llama_cpp = llama_cpp_or_none(work, "moe")
     mreg = str(Path(sys.executable).parent / "mreg")
     out: dict[str, Any] = {}
     for layout, (experts, layers) in LAYOUTS.items():

@@ -54,13 +54,9 @@ def _convert(mreg: str, src: Path, qtype: str, name: str, env: dict[str, str], *
 
 def bench_quality(work: Path, results: dict[str, Any]) -> None:
     """The KL/perplexity table of TYPES with and without an importance matrix, and the matrix's cost."""
-    from bench_gguf import build_tinyllama
-    from support.llama_cpp_source import Unavailable, source
+    from bench_gguf import build_tinyllama, llama_cpp_or_none
 
-    try:
-        llama_cpp: Path | None = source(work / "llama-cpp-source", allow_download=True)
-    except Unavailable:
-        llama_cpp = None
+    llama_cpp = llama_cpp_or_none(work, "quality")
     src, tokenizer = build_tinyllama(work / "tinyllama", llama_cpp)
     mreg = str(Path(sys.executable).parent / "mreg")
     env = {**os.environ, "MREG_CACHE_DIR": str(work / "q-cache"), "MREG_STORE": str(work / "q-store")}
