@@ -78,16 +78,9 @@ def llama_cpp_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     Without MREG_LLAMA_CPP_SDIST (pytest run by hand) the tests that need them skip; with it, any
     problem fails them.
     """
-    from support.llama_cpp_source import SDIST_ENV, Unavailable, source
+    from support.llama_cpp_source import built_or_skip, source
 
-    cache = getattr(request.config, "cache", None)
-    where = Path(cache.mkdir("llama-cpp-source")) if cache is not None else tmp_path_factory.mktemp("llama-cpp")
-    try:
-        return source(where)
-    except Unavailable as e:
-        if os.environ.get(SDIST_ENV):
-            raise
-        pytest.skip(str(e))
+    return built_or_skip(request, tmp_path_factory, "llama-cpp-source", source)
 
 
 @pytest.fixture(scope="module")

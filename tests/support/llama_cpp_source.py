@@ -26,9 +26,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from converters.gguf.vocab import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED
 
@@ -56,8 +57,26 @@ PRE_TOKENIZER_SOURCE = "conversion/base.py"
 _SEPARATOR = "\n__ggml_vocab_test__\n"
 
 
+T = TypeVar("T")
+
+
 class Unavailable(Exception):
     """The source package could not be had (no llama-cpp-python installed, or pip could not download it)."""
+
+
+def built_or_skip(request: Any, tmp_path_factory: Any, name: str, make: Callable[[Path], T]) -> T:
+    """A fixture's `make(dir)` in pytest's cache directory `name` (a temporary one without a cache), built once across
+    runs; Unavailable skips the test where the sdist is not named (pytest run by hand) and fails it where it is."""
+    import pytest
+
+    cache = getattr(request.config, "cache", None)
+    where = Path(cache.mkdir(name)) if cache is not None else tmp_path_factory.mktemp(name)
+    try:
+        return make(where)
+    except Unavailable as e:
+        if os.environ.get(SDIST_ENV):
+            raise
+        pytest.skip(str(e))
 
 
 #: One of the real chat templates (`models/templates/*.jinja`), to tell a tree extracted with them.

@@ -32,19 +32,11 @@ CTX = 64
 @pytest.fixture(scope="module")
 def native(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The two llama.cpp programs, compiled once (skipped only where the sdist is not named, as the other tests)."""
-    import os
-
     from support.llama_cpp_native import build
-    from support.llama_cpp_source import SDIST_ENV, Unavailable
+    from support.llama_cpp_source import built_or_skip
 
-    cache = getattr(request.config, "cache", None)
-    where = Path(cache.mkdir("llama-cpp-native")) if cache is not None else tmp_path_factory.mktemp("native")
-    try:
-        return {name: build(name, where) for name in ("quantize_with_imatrix", "imatrix_by_eval_callback")}
-    except Unavailable as e:
-        if os.environ.get(SDIST_ENV):
-            raise
-        pytest.skip(str(e))
+    return built_or_skip(request, tmp_path_factory, "llama-cpp-native", lambda where: {
+        name: build(name, where) for name in ("quantize_with_imatrix", "imatrix_by_eval_callback")})
 
 
 @pytest.fixture(scope="module")

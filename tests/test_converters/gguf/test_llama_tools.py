@@ -30,18 +30,9 @@ CTX = 64
 @pytest.fixture(scope="module")
 def tools(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Tools:
     """llama-imatrix and llama-quantize, built once per cache (skipped only where the sdist is not named)."""
-    import os
+    from support.llama_cpp_source import built_or_skip
 
-    from support.llama_cpp_source import SDIST_ENV, Unavailable
-
-    cache = getattr(request.config, "cache", None)
-    where = Path(cache.mkdir("llama-cpp-tools")) if cache is not None else tmp_path_factory.mktemp("tools")
-    try:
-        return build(where)
-    except Unavailable as e:
-        if os.environ.get(SDIST_ENV):
-            raise
-        pytest.skip(str(e))
+    return built_or_skip(request, tmp_path_factory, "llama-cpp-tools", build)
 
 
 @pytest.fixture(scope="module")
