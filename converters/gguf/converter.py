@@ -38,7 +38,7 @@ import numpy as np
 
 from converters.gguf import auto, heap, imatrix, overlap, quality
 from converters.gguf import evaluation as texts
-from converters.gguf.file import HashingWriter, direct_io, header, page_in
+from converters.gguf.file import HashingWriter, direct_io, header, page_in, release
 from converters.gguf.mix import FILE_TYPES
 from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan, check_architecture
 from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, needs_imatrix, plans
@@ -182,9 +182,9 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
     """
     progress = progress or NoProgress()
     stats = [[_Stats() for _ in p.infos] for p in planned]
+    tensors = planned[0].model.tensors
+    shards = {t.source.path for t in tensors if t.source is not None} | {q.path for t in tensors for q in t.parts}
     if direct is None:
-        tensors = planned[0].model.tensors
-        shards = {t.source.path for t in tensors if t.source is not None} | {q.path for t in tensors for q in t.parts}
         direct = direct_io(sum(i.nbytes for p in planned for i in p.infos), sum(s.stat().st_size for s in shards))
     with contextlib.ExitStack() as stack:
         outs = [stack.enter_context(HashingWriter(d, direct=direct)) for d in dests]
@@ -225,8 +225,10 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
                 out.pad()
             current += 1
         digests = [out.close(durable=durable) for out in outs]
+        if any(out.direct for out in outs):  # the verification reads the files next, in the source's place
+            release(shards)
         for out in outs:
-            if out.direct:  # the verification reads it next (converters.gguf.file.page_in)
+            if out.direct:
                 page_in(out.path)
     return [(digest, [EncodedTensor(info, choice, st.head, st.tail, _rel_rmse(st), st.maxerr, st.source_nonfinite,
                                     st.encoded_nonfinite)

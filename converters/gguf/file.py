@@ -18,7 +18,7 @@ import os
 import struct
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,6 +242,28 @@ def page_in(path: Path) -> None:
                 pass
 
     threading.Thread(target=read, name="page-in", daemon=True).start()
+
+
+def release(paths: Iterable[Path]) -> None:
+    """Drop files already read (a written file's source) from the page cache, before a file written around it
+    is read back.
+
+    Read twice (by the writer and the reference pass), the source's pages sit on the kernel's active list and
+    a file read once lands on its inactive list: where the two do not fit in memory together, reclaim takes
+    the file just read back, and llama.cpp reads it from disk again page fault by page fault. At 7 B (13.5 GB
+    in, 13.5 GB out, 23 GB of memory), F16's verification loaded the file in 10.9 s and evaluated it in 8.0 s
+    with the source cached; a source only loses its cached copy (a later read goes to disk).
+    """
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    for path in paths:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def _set_direct(fd: int, on: bool) -> bool:

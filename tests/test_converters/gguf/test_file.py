@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import mmap
+import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from converters.gguf.file import HashingWriter, direct_io, page_in
+from converters.gguf.file import HashingWriter, direct_io, page_in, release
 
 
 @pytest.mark.parametrize("direct", [True, False])
@@ -47,6 +51,40 @@ def test_direct_io_is_chosen_when_file_and_source_pass_half_the_memory(monkeypat
     assert not direct_io(half, half)
     monkeypatch.setenv("MREG_GGUF_DIRECT_IO", "1")
     assert direct_io(1, 1)
+
+
+def _resident(path: Path) -> int:
+    """Pages of a file in the page cache (mincore(2) over a private map of it)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        view = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    try:
+        pages = -(-size // mmap.PAGESIZE)
+        vec = (ctypes.c_ubyte * pages)()
+        buf = ctypes.c_char.from_buffer(view)
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.mincore(ctypes.c_void_p(ctypes.addressof(buf)), ctypes.c_size_t(size), vec) == 0
+        del buf
+        return sum(v & 1 for v in vec)
+    finally:
+        view.close()
+
+
+def test_a_source_already_read_is_dropped_from_the_page_cache(tmp_path: Path) -> None:
+    """`release` frees the page cache for the file read back next; the source itself is untouched."""
+    kind = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip()
+    if kind == "tmpfs":
+        pytest.skip("tmpfs pages are the file itself: nothing to drop")
+    path = tmp_path / "model.safetensors"
+    data = np.random.default_rng(0).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes()
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())  # only clean pages can be dropped
+        assert f.read() == data
+    assert _resident(path) > 0
+    release([path, tmp_path / "missing.safetensors"])  # a file gone meanwhile is no error
+    assert _resident(path) == 0
+    assert path.read_bytes() == data
 
 
 def test_a_failed_write_leaves_no_file(tmp_path: Path) -> None:
