@@ -25,6 +25,7 @@ import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ from converters.gguf.quants.blocks import (
 from converters.gguf.quants.kquants import q2_k, q3_k, q4_k, q5_k, q6_k
 
 __all__ = ["BLOCK", "NUMPY_TYPES", "Bytes", "Floats", "backend", "encoder", "ggml_available", "needs_ggml",
-           "nonfinite", "quantize", "row_bytes"]
+           "nonfinite", "quantize", "row_bytes", "widen_bf16"]
 
 #: The types mreg's numpy encoders write (the IQ types are llama.cpp's alone).
 NUMPY_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -99,6 +100,32 @@ def _ggml_cpu_converter(qtype: str) -> Callable[..., None] | None:
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return fn  # type: ignore[no-any-return]
+
+
+@functools.cache
+def _ggml_bf16_to_fp32() -> Callable[..., None] | None:
+    """ggml-cpu's vectorized bfloat16 -> float32 widening (a shift, exact), or None."""
+    lib = _llama_cpp_lib("libggml-cpu.so")
+    if lib is None:
+        return None
+    fn = lib.ggml_cpu_bf16_to_fp32
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    return fn
+
+
+def widen_bf16(raw: np.ndarray[Any, Any], out: Floats) -> bool:
+    """bfloat16 values (as uint16, contiguous) into float32 `out` with ggml-cpu's widening; False where it is absent.
+
+    One vectorized pass (0.10 ns a value here) where numpy's shift into the wide type casts, then shifts
+    (0.25 ns in isolation; `perf` put the two loops at 7% of a 1.1 B Q8_0 conversion's CPU, writer and
+    reference pass together). ctypes releases the GIL for the call.
+    """
+    fn = _ggml_bf16_to_fp32()
+    if fn is None or not (raw.flags.c_contiguous and out.flags.c_contiguous) or raw.size != out.size:
+        return False
+    fn(raw.ctypes.data, out.ctypes.data, raw.size)
+    return True
 
 
 def ggml_available() -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,9 @@ import pytest
 from converters.gguf.converter import write
 from converters.gguf.file import GGML_TYPES
 from converters.gguf.mix import FILE_TYPES
-from converters.gguf.model import SafetensorsReader
+from converters.gguf.model import SafetensorsReader, widen
 from converters.gguf.plan import plan
-from converters.gguf.quants import BLOCK, NUMPY_TYPES, nonfinite, quantize
+from converters.gguf.quants import BLOCK, NUMPY_TYPES, nonfinite, quantize, widen_bf16
 from converters.gguf.quants.blocks import HALF_FIELDS
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is in the test extra")
@@ -116,6 +117,21 @@ def test_nonfinite_reads_the_fields_gguf_decodes_through(qtype: str, monkeypatch
             back = gguf.quants.dequantize(bad.reshape(data.shape), gguf.GGMLQuantizationType[qtype]).reshape(-1, block)
         assert (~np.isfinite(back)).sum(axis=1).tolist() == [0, block, 0, 0]
         assert nonfinite(bad, qtype) == block
+
+
+def test_bf16_widening_is_exact_for_every_value_either_way() -> None:
+    """ggml-cpu's widening and numpy's shift give the same float32 bits for all 65536 bfloat16 patterns
+    (NaN payloads, infinities, subnormals, signed zeros), into a given buffer or a new one."""
+    raw = np.arange(1 << 16, dtype=np.uint16)
+    expected = raw.astype(np.uint32) << 16
+    native = np.empty(raw.size, np.float32)
+    installed = importlib.util.find_spec("llama_cpp") is not None
+    assert widen_bf16(raw, native) == installed, "llama-cpp-python's ggml-cpu widens where it is installed"
+    out = np.full(raw.size, np.nan, np.float32)
+    for got in (widen(raw, "BF16"), widen(raw, "BF16", out), out):
+        assert np.array_equal(got.view(np.uint32), expected)
+    assert not widen_bf16(raw[::2], native[: raw.size // 2]), "strided input is left to numpy"
+    assert np.array_equal(widen(raw[::2], "BF16").view(np.uint32), expected[::2])
 
 
 def test_fast_path_is_llama_cpp_and_gives_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
