@@ -295,3 +295,13 @@ def test_a_directory_link_out_of_the_tree_is_refused_and_a_linked_source_is_its_
     linked = mreg("pull", via, "--json")
     assert linked.exit_code == 0, linked.stderr  # was refused: its files "escaped" the link's path
     assert linked.json["commit"] == mreg("pull", model_dir, "--json").json["commit"]
+
+
+def test_the_cache_folder_is_named_as_huggingface_hub_names_it() -> None:
+    """mreg spells out huggingface_hub's folder name (importing hub for it cost a local pull 0.19 s)."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    from registry.layout import cache_repo_folder
+
+    for repo in ("gpt2", "org/name", "local/tinyllama-6e2b49c5", "Qwen/Qwen2.5-0.5B-Instruct", "a-b/c.d_e"):
+        assert cache_repo_folder(repo) == repo_folder_name(repo_id=repo, repo_type="model")
