@@ -211,3 +211,35 @@ def test_tekken_pre_tokenizer_is_named_by_its_regex() -> None:
     assert _by_structure(doc) == "tekken"
     doc["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = regex.replace(r"\p{N}", r"\p{N}{1,3}")
     assert _by_structure(doc) is None
+
+
+def test_a_sentencepiece_message_reads_the_same_in_any_layout() -> None:
+    """The in-place read of the usual piece layout and the general protobuf reader agree: fields reordered,
+    repeated (the last wins), a piece of 128+ bytes, a two-byte type, an unknown field."""
+    import struct
+
+    from converters.gguf.vocab import CONTROL, _piece
+
+    def field(number: int, wire: int, payload: bytes) -> bytes:
+        key, out = number << 3 | wire, b""
+        for v in (key, len(payload)) if wire == 2 else (key,):
+            while v >= 0x80:
+                out, v = out + bytes([v & 0x7F | 0x80]), v >> 7
+            out += bytes([v])
+        return out + payload
+
+    piece, score = field(1, 2, "▁the".encode()), field(2, 5, struct.pack("<f", -3.5))
+    control = field(3, 0, b"") + bytes([CONTROL])
+    long = "x" * 200
+    cases = {
+        piece + score + control: ("▁the", -3.5, CONTROL),
+        piece + score: ("▁the", -3.5, NORMAL),
+        score + piece + control: ("▁the", -3.5, CONTROL),
+        piece + score + field(1, 2, b"<s>") + control: ("<s>", -3.5, CONTROL),
+        field(1, 2, long.encode()) + score: (long, -3.5, NORMAL),
+        piece + score + field(3, 0, b"") + bytes([0xAC, 0x02]): ("▁the", -3.5, 300),
+        piece + score + control + field(9, 2, b"extra"): ("▁the", -3.5, CONTROL),
+        b"": ("", 0.0, NORMAL),
+    }
+    for message, expected in cases.items():
+        assert _piece(message) == expected, message
