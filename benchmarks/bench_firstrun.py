@@ -1,6 +1,6 @@
 """The first GGUF conversion from a checkpoint directory: `mreg pull DIR` then `mreg convert --to gguf:T`, cold.
 
-`python benchmarks/bench_firstrun.py WORKDIR [--types F16,Q8_0] [--shape tinyllama|llama2-7b]`: the
+`python benchmarks/bench_firstrun.py WORKDIR [--types F16,Q8_0] [--shape tinyllama|llama2-7b] [--repeat N]`: the
 TinyLlama-shaped (1.1 B) or Llama-2-7B-shaped (6.7 B, 13.5 GB) bf16 checkpoint of `bench_gguf` (built once
 in WORKDIR), then per type, from an empty cache and store, the pull and the conversion
 back to back (the page cache dropped before the pull only: a first run reads what the pull just wrote), beside
@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -92,13 +93,23 @@ def main() -> None:
     parser.add_argument("workdir", type=Path)
     parser.add_argument("--types", default="F16,Q8_0")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tinyllama")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="pairs of runs per type (this VM's speed drifts by a third within minutes: the median "
+                             "ratio of several pairs, each pair back to back, is the figure to quote)")
     args = parser.parse_args()
     work: Path = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     llama_cpp = source(work / "llama-cpp-source")
     src = checkpoint(work, args.shape, llama_cpp)
     for qtype in args.types.split(","):
-        print(json.dumps(first_run(work, src, qtype, llama_cpp)), flush=True)
+        ratios = []
+        for _ in range(args.repeat):
+            row = first_run(work, src, qtype, llama_cpp)
+            ratios.append(row["ratio"])
+            print(json.dumps(row), flush=True)
+        if args.repeat > 1:
+            print(json.dumps({"type": qtype, "pairs": len(ratios), "median_ratio": statistics.median(ratios),
+                              "ratios": ratios}), flush=True)
 
 
 if __name__ == "__main__":
