@@ -136,6 +136,8 @@ def publish_snapshot(cache: Path, repo: str, commit: str, files: Sequence[Source
         return str(origin / sf.path) if origin is not None else os.path.relpath(blobs / sf.sha256, parent)
 
     if snap.is_dir():
+        for parent in {(snap / sf.path).parent for sf in files}:
+            atomic.sweep(parent, "link")  # what a flip killed between its symlink and its rename left
         for sf in files:
             link = snap / sf.path
             want = target(sf, link.parent)

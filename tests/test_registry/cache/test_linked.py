@@ -103,6 +103,30 @@ def test_copy_keeps_the_bytes_in_the_cache_and_is_kept_by_later_imports(
     moved.rename(settled)
 
 
+def test_a_flip_killed_midway_leaves_nothing_behind_the_next_one(
+        mreg: Any, settled: Path, cache_root: Path) -> None:
+    """Links are flipped one by one (symlink to a temporary name, then rename over the entry): the temporary link
+    of a flip killed between the two is hidden, and swept by the next flip of that snapshot."""
+    import subprocess
+    import sys
+
+    from registry import atomic
+
+    snapshot = Path(mreg("pull", settled, "--json").json["snapshot"])
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    left = atomic.temp_name(snapshot / "model.safetensors", "link")
+    left = left.with_name(left.name.replace(f"-{os.getpid()}-", f"-{dead}-"))
+    os.symlink("/nowhere", left)
+    mine = atomic.temp_name(snapshot / "config.json", "link")  # a live writer's (this process): kept
+    os.symlink("/nowhere", mine)
+    assert mreg("pull", settled, "--copy", "--json").json["linked"] is False
+    assert not os.path.lexists(left) and os.path.lexists(mine)
+    assert sorted(p.name for p in snapshot.iterdir() if not p.name.startswith(".")) == sorted(
+        p.name for p in settled.iterdir())
+    mine.unlink()
+
+
 def test_a_linked_snapshot_whose_directory_is_gone_is_not_served(
         mreg: Any, settled: Path, cache_root: Path) -> None:
     doc = mreg("pull", settled, "--json").json
