@@ -130,7 +130,8 @@ def _piece(value: bytes) -> tuple[str, float, int]:
     """One SentencePiece message: (piece, score, type), the last of each field winning, as protobuf reads it.
 
     The layout every trainer writes (piece of under 128 bytes, score, then a one-byte type or none) is read
-    in place; any other goes through the general reader. Llama 2's 32 K pieces: 0.10 s against 0.27.
+    in place; any other goes through the general reader. Llama 2's 32 K pieces: 0.03 s against 0.08 (the whole
+    vocabulary read, `load_vocab`: 0.06 s, was 0.25).
     """
     size = len(value)
     if size > 1 and value[0] == 0x0A and value[1] < 0x80:
