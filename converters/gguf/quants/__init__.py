@@ -91,27 +91,20 @@ def _ggml_quantize_chunk() -> Callable[..., int] | None:
 
 
 @functools.cache
-def _ggml_cpu_converter(qtype: str) -> Callable[..., None] | None:
-    """ggml-cpu's vectorized float32 -> F16/BF16 row converter (same bytes as numpy's rounding), or None."""
+def _ggml_cpu_converter(name: str) -> Callable[..., None] | None:
+    """One of ggml-cpu's vectorized row converters `(src, dst, n)`, or None: `ggml_cpu_fp32_to_fp16` and
+    `ggml_cpu_fp32_to_bf16` (same bytes as numpy's rounding), `ggml_cpu_bf16_to_fp32` (a shift, exact)."""
     lib = _llama_cpp_lib("libggml-cpu.so")
     if lib is None:
         return None
-    fn = getattr(lib, {"F16": "ggml_cpu_fp32_to_fp16", "BF16": "ggml_cpu_fp32_to_bf16"}[qtype])
+    fn = getattr(lib, name)
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return fn  # type: ignore[no-any-return]
 
 
-@functools.cache
-def _ggml_bf16_to_fp32() -> Callable[..., None] | None:
-    """ggml-cpu's vectorized bfloat16 -> float32 widening (a shift, exact), or None."""
-    lib = _llama_cpp_lib("libggml-cpu.so")
-    if lib is None:
-        return None
-    fn = lib.ggml_cpu_bf16_to_fp32
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    return fn
+#: The ggml-cpu converter from float32 to each half-width type.
+_FROM_F32 = {"F16": "ggml_cpu_fp32_to_fp16", "BF16": "ggml_cpu_fp32_to_bf16"}
 
 
 def widen_bf16(raw: np.ndarray[Any, Any], out: Floats) -> bool:
@@ -121,7 +114,7 @@ def widen_bf16(raw: np.ndarray[Any, Any], out: Floats) -> bool:
     (0.25 ns in isolation; `perf` put the two loops at 7% of a 1.1 B Q8_0 conversion's CPU, writer and
     reference pass together). ctypes releases the GIL for the call.
     """
-    fn = _ggml_bf16_to_fp32()
+    fn = _ggml_cpu_converter("ggml_cpu_bf16_to_fp32")
     if fn is None or not (raw.flags.c_contiguous and out.flags.c_contiguous) or raw.size != out.size:
         return False
     fn(raw.ctypes.data, out.ctypes.data, raw.size)
@@ -164,7 +157,7 @@ def quantize(rows: Floats, qtype: str, use: str | None = None, importance: Float
                          "llama.cpp only (install llama-cpp-python)")
     if importance is None and qtype in _GGML_NEEDS_IMATRIX:
         raise ValueError(f"{qtype} needs an importance matrix (llama.cpp aborts without one)")
-    if engine == "ggml" and qtype in ("F16", "BF16") and (convert := _ggml_cpu_converter(qtype)):
+    if engine == "ggml" and qtype in _FROM_F32 and (convert := _ggml_cpu_converter(_FROM_F32[qtype])):
         halves = np.empty((nrows, ncols), dtype=np.uint16)
         convert(rows.ctypes.data, halves.ctypes.data, rows.size)  # ctypes releases the GIL here too
         return halves.view(np.uint8)
