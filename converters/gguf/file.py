@@ -132,9 +132,9 @@ class HashingWriter:
         self.size = 0
         self.direct = direct and _set_direct(self._fd, True)
         # Direct: the thread that writes each full buffer. Otherwise: early writebacks of the page cache.
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="direct-write")
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="direct-write") if self.direct else None
         self._written: Future[None] | None = None
-        self._writeback = EarlyWriteback(self._fd)
+        self._writeback = None if self.direct else EarlyWriteback(self._fd)
         self._stages = [_aligned(self.STAGE, self.BLOCK) for _ in range(2)] if self.direct else []
         self._fill = 0
 
@@ -142,7 +142,7 @@ class HashingWriter:
         """Append bytes (which must not change until hashed: callers hand over fresh buffers)."""
         self._pending.append(self._hasher.submit(self._h.update, data))
         self.size += len(data)
-        if self.direct:
+        if self._writeback is None:
             self._stage(memoryview(data).cast("B"))
         else:
             _write_all(self._fd, memoryview(data).cast("B"))
@@ -152,6 +152,7 @@ class HashingWriter:
 
     def _stage(self, data: memoryview) -> None:
         """Copy into the filling buffer; hand each full one to the writing thread (after the one before it)."""
+        assert self._writer is not None
         while data:
             n = min(len(data), self.STAGE - self._fill)
             self._stages[0][self._fill:self._fill + n] = data[:n]
@@ -175,9 +176,9 @@ class HashingWriter:
         self._hasher.shutdown()
         if self._written is not None:
             self._written.result()
-        self._writer.shutdown()
-        self._writeback.finish()
-        self._writeback.close()
+        if self._writeback is not None:
+            self._writeback.finish()
+        self._stop_io()
         if self.direct and self._fill:
             whole = self._fill // self.BLOCK * self.BLOCK
             tail = self._stages[0][:self._fill]
@@ -188,6 +189,13 @@ class HashingWriter:
             os.fsync(self._fd)
         self._release()
         return self._h.hexdigest()
+
+    def _stop_io(self) -> None:
+        """End the I/O thread (after the write or writeback under way; a writeback's error is raised by `finish`)."""
+        if self._writer is not None:
+            self._writer.shutdown()
+        if self._writeback is not None:
+            self._writeback.close()
 
     def _release(self) -> None:
         if self._fd >= 0:
@@ -200,8 +208,7 @@ class HashingWriter:
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self._hasher.shutdown(cancel_futures=True)
-        self._writer.shutdown()  # waits for a write under way: the descriptor and buffers are released below
-        self._writeback.close()
+        self._stop_io()  # waits for a write under way: the descriptor and buffers are released below
         self._release()
         if t is not None:
             self.path.unlink(missing_ok=True)
