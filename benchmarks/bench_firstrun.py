@@ -97,6 +97,8 @@ def main() -> None:
                         help="pairs of runs per type (this VM's speed drifts by a third within minutes: the median "
                              "ratio of several pairs, each pair back to back, is the figure to quote)")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat takes a number of pairs, 1 or more")
     work: Path = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     llama_cpp = source(work / "llama-cpp-source")
