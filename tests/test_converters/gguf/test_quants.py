@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -141,7 +142,7 @@ def test_fast_path_is_llama_cpp_and_gives_the_same_bytes(monkeypatch: pytest.Mon
     gguf_quants._ggml_quantize_chunk.cache_clear()
     x = _datasets()["normal"]
     for qtype in BLOCK_TYPES:
-        expected = "numpy" if qtype == "F32" else "ggml"
+        expected = "numpy" if qtype == "F32" else "native" if qtype == "Q8_0" else "ggml"
         assert gguf_quants.backend(qtype) == expected
         assert np.array_equal(quantize(x, qtype), quantize(x, qtype, use="numpy"))
     gguf_quants._ggml_quantize_chunk.cache_clear()
@@ -234,3 +235,124 @@ def test_float_encoders_agree_on_extremes(qtype: str) -> None:
     ]).astype(np.float32).reshape(-1, 256)
     assert np.array_equal(quantize(x, qtype, use="numpy"), ggml_quantize(x, qtype))
     assert np.array_equal(quantize(x, qtype, use="ggml"), ggml_quantize(x, qtype)), "ggml-cpu's vectorized converter"
+
+
+def _hostile_q8_0() -> np.ndarray[Any, Any]:
+    """Blocks built against a rewrite of llama.cpp's Q8_0 encoder: values at rounding ties of the scaled grid and
+    one float either side, scales at half precision's edges (overflow, subnormal halves) and below float32's normal
+    range, NaN and Inf at the first, a middle and the last position, signed zeros; ordinary blocks after each."""
+    rng = np.random.default_rng(11)
+    blocks = []
+    for amax in (1.0, 0.02, 3.0e-3, 127.0, 96.0, 1e4, 65504.0 * 127, 65520.0 * 127, 8.3e6 * 127, 2.0**-14 * 127,
+                 2.0**-20 * 127, 2.0**-24 * 127, 2.0**-25 * 127, 1.5e-36, 127 * 1.1754944e-38, 1e-38, 1e-45):
+        grid = (np.arange(-15.5, 16.5, 1.0) * np.float32(amax) / np.float32(127)).astype(np.float32)
+        for shift in (0, 1, -1):
+            b = grid.copy() if shift == 0 else np.nextafter(grid, grid + np.float32(shift) * np.abs(grid) + shift)
+            b[rng.integers(32)] = np.float32(amax) * (1 if rng.random() < 0.5 else -1)
+            blocks.append(b)
+    for bad in (np.nan, np.inf, -np.inf):
+        for at in (0, 13, 31):
+            b = rng.standard_normal(32).astype(np.float32)
+            b[at] = bad
+            blocks += [b, rng.standard_normal(32).astype(np.float32)]
+    nan_inf = rng.standard_normal(32).astype(np.float32)
+    nan_inf[[3, 9]] = [np.nan, np.inf]
+    blocks += [nan_inf, np.zeros(32, np.float32), np.full(32, -0.0, np.float32),
+               np.where(np.arange(32) % 2, -0.0, 0.0).astype(np.float32)]
+    for _ in range(64):  # bf16 values: exact halves of the block's largest value are common
+        b = (rng.standard_normal(32).astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
+        b[rng.integers(32, size=4)] = b[np.argmax(np.abs(b))] * np.float32(rng.choice([0.5, 0.25, -0.75, 1 / 3]))
+        blocks.append(b)
+    return np.stack(blocks)
+
+
+@pytest.fixture
+def native(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mreg's Q8_0 kernel, llama.cpp's encoder where it hands blocks back (skips where the kernel is not built)."""
+    from converters.gguf import quants as gguf_quants
+
+    if gguf_quants._native_kernel() is None:
+        pytest.skip("converters/gguf/quants/_native.c is not built here (no C compiler at install)")
+    monkeypatch.setenv("MREG_GGUF_QUANTIZER", "auto")
+    gguf_quants._ggml_quantize_chunk.cache_clear()
+    yield
+    gguf_quants._ggml_quantize_chunk.cache_clear()
+
+
+def test_native_kernel_is_built_where_a_compiler_is() -> None:
+    """The optional extension is built by `pip install -e .` wherever a C compiler is (CI has one): a broken
+    build must fail here, not quietly fall back to the 10x slower encoder."""
+    from converters.gguf import quants as gguf_quants
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler: the Q8_0 kernel is optional")
+    assert gguf_quants._native_kernel() is not None, "reinstall (pip install -e .) to build _native.c"
+
+
+@pytest.mark.usefixtures("native")
+def test_native_q8_0_is_byte_identical_to_ggml_on_hostile_blocks() -> None:
+    from converters.gguf import quants as gguf_quants
+
+    assert gguf_quants.backend("Q8_0") == "native"
+    for name, x in _datasets().items():
+        ours, theirs = quantize(x, "Q8_0", use="native"), ggml_quantize(x, "Q8_0")
+        bad = np.nonzero((ours.reshape(-1, 34) != theirs.reshape(-1, 34)).any(axis=1))[0]
+        assert bad.size == 0, f"Q8_0 on {name}: blocks {bad[:5]} differ"
+    lib, kernel = gguf_quants._native_kernel(), 0
+    for i, block in enumerate(_hostile_q8_0()):  # one at a time: a block handed back hands back all after it
+        with np.errstate(all="ignore"):
+            ours, theirs = quantize(block[None], "Q8_0", use="native"), ggml_quantize(block[None], "Q8_0")
+        assert ours.tobytes() == theirs.tobytes(), f"hostile block {i} differs: {block}"
+        kernel += lib.mreg_quantize_q8_0(block.ctypes.data, np.empty(34, np.uint8).ctypes.data, 1) == -1
+    assert kernel >= 120, "most hostile blocks are the kernel's own"
+
+
+@pytest.mark.usefixtures("native")
+def test_native_kernel_hands_back_exactly_the_blocks_it_cannot_encode() -> None:
+    """NaN, Inf and subnormal scales go to llama.cpp's encoder from that block on; every block before is the
+    kernel's (a kernel that gave up at once would pass the byte comparison above)."""
+    from converters.gguf import quants as gguf_quants
+
+    lib = gguf_quants._native_kernel()
+    rng = np.random.default_rng(5)
+    for bad, at in ((np.nan, 7), (np.inf, 0), (-np.inf, 31), (1e-37, 40), (None, -1)):
+        x = rng.standard_normal(64 * 32).astype(np.float32)
+        if bad is not None:
+            x[at * 32 if bad == 1e-37 else 5 * 32 + at] = bad
+            if bad == 1e-37:
+                x[at * 32:at * 32 + 32] = np.float32(1e-37)
+        out = np.zeros((64, 34), np.uint8)
+        stop = lib.mreg_quantize_q8_0(x.ctypes.data, out.ctypes.data, 64)
+        assert stop == (-1 if bad is None else at if bad == 1e-37 else 5)
+
+
+def test_native_half_conversion_rounds_as_numpy_does() -> None:
+    """The scale's conversion to half precision (round to nearest even, overflow to Inf, subnormal halves):
+    every 997th float32 bit pattern and every pattern around each boundary, against numpy's (NaN: quiet, signed;
+    all 2**32 patterns agreed when checked once, in six minutes)."""
+    from converters.gguf import quants as gguf_quants
+
+    lib = gguf_quants._native_kernel()
+    if lib is None:
+        pytest.skip("converters/gguf/quants/_native.c is not built here")
+    edges = [0x477FE000, 0x477FF000, 0x47800000, 0x38800000, 0x38000000, 0x33000000, 0x33800000, 0x7F800000, 0]
+    bits = np.concatenate([np.arange(0, 1 << 32, 997, dtype=np.uint64)]
+                          + [np.arange(max(0, e - 4096), e + 4096, dtype=np.uint64) for e in edges])
+    bits = np.concatenate([bits, bits | 0x80000000]).astype(np.uint32)
+    x = bits.view(np.float32)
+    got = np.empty(x.size, np.uint16)
+    lib.mreg_half_bits(x.ctypes.data, got.ctypes.data, x.size)
+    with np.errstate(all="ignore"):
+        expected = x.astype(np.float16).view(np.uint16)
+    expected = np.where(np.isnan(x), (expected & 0x8000) | 0x7E00, expected)
+    assert np.array_equal(got, expected), f"first difference at bits {bits[np.argmax(got != expected)]:#x}"
+
+
+@pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("model", ["fits", "falls-back"])
+def test_native_q8_0_model_is_byte_identical_to_llama_quantize(model: str, tmp_path: Path,
+                                                               reference_models: dict[str, tuple[Path, Path]]) -> None:
+    src, f32 = reference_models[model]
+    ours = _gguf_tensors(_mreg_file(src, "Q8_0", tmp_path / "mreg.gguf"))
+    theirs = _gguf_tensors(_llama_quantize(f32, tmp_path / "llama.gguf", "Q8_0"))
+    assert ours == theirs
