@@ -214,19 +214,28 @@ class HashingWriter:
             self.path.unlink(missing_ok=True)
 
 
+#: Files from this size on are written around the page cache whatever the memory (see `direct_io`).
+DIRECT_MIN_BYTES = 1 << 30
+
+
 def direct_io(file_bytes: int, source_bytes: int) -> bool:
-    """Whether a GGUF file is written around the page cache: when it and its source together pass half the
-    machine's memory (MREG_GGUF_DIRECT_IO=1 or 0 decides instead).
+    """Whether a GGUF file is written around the page cache: from 1 GiB on, and whenever it and its source
+    together pass half the machine's memory (MREG_GGUF_DIRECT_IO=1 or 0 decides instead).
 
     Measured here (24 GB, first runs, `benchmarks/bench_firstrun.py`): at 7 B (13.5 GB in, 13.5 GB out) the
     output pushed its own source out of memory, and direct writes took F16 from 70.4 to 50.5 s (write 50.0 ->
-    20.1 s; this disk takes direct writes at 1.2 GB/s, `dd oflag=direct`) and Q8_0 from 70.8 to 60.7 s; at
-    1.1 B, where both stay in memory, they lost (F16 0.46-0.50x the converter -> 0.54-0.58x): the
-    verification then reads the file back from disk instead of the page cache.
+    20.1 s; this disk takes direct writes at 1.2 GB/s, `dd oflag=direct`) and Q8_0 from 70.8 to 60.7 s. At
+    1.1 B, where both fit, a buffered F16 (2.2 GB) spent 5.0-5.2 s of system time against 1.7-1.8 direct,
+    most of it copying into freshly allocated page-cache pages (`perf`: copy_folio_from_iter_atomic, a quarter
+    of all samples), which this VM hands out slowly; with the file read back in a thread beside its verification
+    (`page_in`), direct won three alternating pairs (conversion 6.0-6.6 s against 7.5-8.0; first runs 0.39-0.44x
+    the converter against 0.51-0.68x), and Q8_0 (1.2 GB) tied (4.7-5.7 s against 5.1-5.6).
     """
     forced = os.environ.get("MREG_GGUF_DIRECT_IO")
     if forced in ("0", "1"):
         return forced == "1"
+    if file_bytes >= DIRECT_MIN_BYTES:
+        return True
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):

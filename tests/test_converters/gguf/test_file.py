@@ -40,13 +40,16 @@ def test_the_bytes_and_digest_are_what_was_written_whatever_the_path(
     page_in(path)  # reads it back in a thread; harmless on any file
 
 
-def test_direct_io_is_chosen_when_file_and_source_pass_half_the_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_direct_io_is_chosen_from_1_gib_or_when_file_and_source_pass_half_the_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
     monkeypatch.delenv("MREG_GGUF_DIRECT_IO", raising=False)
     half = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    assert not direct_io(2 << 30, 0) or half < 2 << 30, "a 1 B model's F16 stays in the page cache"
-    assert direct_io(half, 1) and not direct_io(half // 2, half // 2)
+    assert direct_io(1 << 30, 0), "a 1 B model's F16 (2.2 GB) and Q8_0 (1.2 GB) go around the page cache"
+    assert not direct_io((1 << 30) - 1, 1 << 20) or half < 1 << 30, "a small file stays in the page cache"
+    assert direct_io(1 << 20, half), "a small file of a source that fills half the memory"
+    assert not direct_io(1 << 20, 1 << 20)
     monkeypatch.setenv("MREG_GGUF_DIRECT_IO", "0")
     assert not direct_io(half, half)
     monkeypatch.setenv("MREG_GGUF_DIRECT_IO", "1")
