@@ -229,7 +229,10 @@ def direct_io(file_bytes: int, source_bytes: int) -> bool:
     most of it copying into freshly allocated page-cache pages (`perf`: copy_folio_from_iter_atomic, a quarter
     of all samples), which this VM hands out slowly; with the file read back in a thread beside its verification
     (`page_in`), direct won three alternating pairs (conversion 6.0-6.6 s against 7.5-8.0; first runs 0.39-0.44x
-    the converter against 0.51-0.68x), and Q8_0 (1.2 GB) tied (4.7-5.7 s against 5.1-5.6).
+    the converter against 0.51-0.68x), and Q8_0 (1.2 GB) tied (4.7-5.7 s against 5.1-5.6). That win is the
+    direct write and `release` together: the read-back lands on the pages the source just gave up; without the
+    release the F16 verification took 3.7-3.9 s against 1.7-2.1 (three alternating pairs). The price: a later
+    read of the source (gguf:auto's next candidate) comes from disk.
     """
     forced = os.environ.get("MREG_GGUF_DIRECT_IO")
     if forced in ("0", "1"):

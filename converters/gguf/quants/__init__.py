@@ -94,16 +94,19 @@ def _native_kernel() -> ctypes.CDLL | None:
     return lib
 
 
+def _forced() -> str:
+    """MREG_GGUF_QUANTIZER: "numpy" (mreg's numpy encoders only), "ggml" (llama.cpp's, mreg's kernel off), or auto."""
+    return os.environ.get("MREG_GGUF_QUANTIZER", "auto")
+
+
 def native_available() -> bool:
     """Whether mreg's own Q8_0 kernel is built here (and not turned off by MREG_GGUF_QUANTIZER)."""
-    return os.environ.get("MREG_GGUF_QUANTIZER", "auto") not in ("numpy", "ggml") and _native_kernel() is not None
+    return _forced() not in ("numpy", "ggml") and _native_kernel() is not None
 
 
-def _quantize_native(rows: Floats) -> Bytes:
+def _quantize_native(lib: ctypes.CDLL, rows: Floats) -> Bytes:
     """Q8_0 by mreg's kernel; from a block it leaves (NaN, Inf, a subnormal scale) on, by llama.cpp's encoder
     where it is installed, else numpy's (both byte-identical to it there)."""
-    lib = _native_kernel()
-    assert lib is not None
     block, size = BLOCK["Q8_0"]
     nblocks = rows.size // block
     out = np.empty((rows.shape[0], rows.shape[1] // block * size), dtype=np.uint8)
@@ -118,7 +121,7 @@ def _quantize_native(rows: Floats) -> Bytes:
 @functools.cache
 def _ggml_quantize_chunk() -> Callable[..., int] | None:
     """llama.cpp's ggml_quantize_chunk from an installed llama-cpp-python, unless MREG_GGUF_QUANTIZER=numpy."""
-    lib = None if os.environ.get("MREG_GGUF_QUANTIZER", "auto") == "numpy" else _llama_cpp_lib("libggml-base.so")
+    lib = None if _forced() == "numpy" else _llama_cpp_lib("libggml-base.so")
     if lib is None:
         return None
     fn = lib.ggml_quantize_chunk
@@ -199,9 +202,9 @@ def quantize(rows: Floats, qtype: str, use: str | None = None, importance: Float
     if importance is None and qtype in _GGML_NEEDS_IMATRIX:
         raise ValueError(f"{qtype} needs an importance matrix (llama.cpp aborts without one)")
     if engine == "native":
-        if qtype != "Q8_0" or _native_kernel() is None:
+        if qtype != "Q8_0" or (lib := _native_kernel()) is None:
             raise ValueError(f"mreg's native kernel encodes Q8_0 only, where it is built (asked for {qtype})")
-        return _quantize_native(rows)
+        return _quantize_native(lib, rows)
     if engine == "ggml" and qtype in _FROM_F32 and (convert := _ggml_cpu_converter(_FROM_F32[qtype])):
         halves = np.empty((nrows, ncols), dtype=np.uint16)
         convert(rows.ctypes.data, halves.ctypes.data, rows.size)  # ctypes releases the GIL here too
