@@ -1,7 +1,5 @@
 """The hostile-input corpus (issue 15): one table of damaged, odd and malicious inputs, every case held to the same
-promise. mreg answers each with its exit code, ONE error line and a hint (a next step) on stderr, one valid JSON
-error document on stdout with --json, no traceback, nothing changed outside the cache and the store, and no
-version or alias appearing or disappearing in `mreg list`, the store's tree or the remote bucket.
+promise (support.corpus). Sibling modules hold the later passes' tables.
 
 Each case builds its input in a fresh world (conftest.World) and returns the command line to run; the cheapest
 path that reaches the check is used: a local directory for sources, `--to hf` (or `--to gguf:F16`, which
@@ -13,33 +11,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import CliResult, run
-from support.hostile import SAFETENSORS_DAMAGE, file_modes_enforced, link_out
+from support.cli import run
+from support.corpus import Case, Setup, check_case
+from support.hostile import SAFETENSORS_DAMAGE, link_out
 from support.tiny_models import set_value
-from support.world import BUCKET, World, untouchable, visible
+from support.world import BUCKET, World
 
 from registry import layout
-
-Setup = Callable[[World], Sequence[str | Path]]
-
-
-@dataclass(frozen=True)
-class Case:
-    """One hostile input: how to make it and the command to run, then the answer it must get."""
-
-    id: str
-    setup: Setup
-    code: int
-    error: str | None = None  # the error type in the --json document, where one type is the contract
-    says: tuple[str, ...] = ()  # words the error line must hold
-    needs: str = ""  # "s3" or "hub": the case runs in that world
-    unprivileged: bool = False  # file modes enforced even for root (a read-only store)
-    check: Callable[[World, dict[str, Any]], None] | None = None  # what else must hold, given the error document
 
 
 def _convert(target: str) -> Setup:
@@ -324,45 +306,6 @@ CASES: list[Case] = [
 ]
 
 
-def _refusal(r: CliResult, case: Case) -> None:
-    """Exit code, one error line and one hint on stderr (warnings aside), one JSON error document on stdout."""
-    assert r.exit_code == case.code, f"exit {r.exit_code}, not {case.code}:\n{r.stderr}{r.stdout}"
-    assert "Traceback" not in r.stderr, r.stderr
-    lines = r.stderr.splitlines()
-    errors = [ln for ln in lines if ln.startswith("error: ")]
-    hints = [ln for ln in lines if ln.startswith("hint: ")]
-    assert len(errors) == 1 and len(hints) == 1, r.stderr
-    assert all(ln.startswith(("error: ", "hint: ", "warning: ")) for ln in lines), r.stderr
-
-    def not_json(constant: str) -> Any:
-        raise AssertionError(f"{constant} is not JSON")
-
-    doc = json.loads(r.stdout, parse_constant=not_json)  # one document: anything after it fails here
-    error = doc["error"]
-    assert doc["schema_version"] == 1 and error["exit_code"] == case.code, r.stdout
-    assert error["message"] == errors[0].removeprefix("error: ") and error["hint"] == hints[0].removeprefix("hint: ")
-    assert error["hint"].strip() and len(error["message"]) < 500, error
-    if case.error is not None:
-        assert error["type"] == case.error, error
-    for word in case.says:
-        assert word in error["message"], (word, error["message"])
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_input_gets_one_line_and_changes_nothing(case: Case, request: pytest.FixtureRequest) -> None:
-    w: World = request.getfixturevalue({"s3": "s3_world", "hub": "hub_world"}.get(case.needs, "world"))
-    argv = [w.src if a == "SRC" else a for a in case.setup(w)]
-    before, seen = untouchable(w), visible(w)
-    if case.unprivileged:
-        with file_modes_enforced():
-            r = run(*argv, "--json")
-    else:
-        r = run(*argv, "--json")
-    _refusal(r, case)
-    assert untouchable(w) == before, "something outside the store and the cache changed"
-    assert visible(w) == seen, "a version or alias appeared or vanished"
-    if case.check is not None:
-        case.check(w, r.json["error"])
-    if case.unprivileged:  # the modes back, for pytest's cleanup
-        for dirpath, _dirs, _names in os.walk(w.store):
-            os.chmod(dirpath, 0o755)
+    check_case(case, request)
