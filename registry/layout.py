@@ -29,8 +29,11 @@ plus `models/<name>/aliases/<alias>.json` (an alias record with its history),
 `leases/<uuid>.json` (digests an in-flight push will reference) and `gc.lock`.
 
 Cache: huggingface_hub's own layout (`models--org--name/{blobs,snapshots,refs}`, named as its
-own `repo_folder_name`) plus `.mreg/pulls/<repo folder>/<commit>.json`, the record of what mreg
-verified.
+own `repo_folder_name`) plus `models--org--name/.mreg/<commit>.json`, the record of what mreg
+verified: inside the repository's folder, where the hub's scanner looks for nothing (a folder of
+its own at the cache's top is a "corrupted repository" to `hf cache ls`), and gone with the
+repository when `hf cache rm` removes it. Records an earlier mreg kept at the top (`.mreg/pulls/<repo
+folder>/<commit>.json`) are moved into place on first use.
 
 Alias names that would collide with these names are reserved (`RESERVED_ALIASES`).
 """
@@ -130,7 +133,12 @@ def parse_alias_target(target: str) -> int | None:
 
 
 def pull_record_path(cache: Path, repo: str, commit: str) -> Path:
-    """Where mreg keeps its record of a verified snapshot."""
+    """Where mreg keeps its record of a verified snapshot: inside the repository's folder."""
+    return cache_repo_dir(cache, repo) / CACHE_MREG / f"{commit}.json"
+
+
+def legacy_pull_record_path(cache: Path, repo: str, commit: str) -> Path:
+    """Where an earlier mreg kept that record: a top-level folder huggingface_hub's scanner reports as corrupt."""
     return cache / CACHE_MREG / CACHE_PULLS / cache_repo_folder(repo) / f"{commit}.json"
 
 

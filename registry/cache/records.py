@@ -6,7 +6,7 @@ Layout (huggingface_hub's, plus mreg's records; names in `registry.layout`)::
       models--org--name/blobs/<etag>            file contents
       models--org--name/snapshots/<commit>/…    symlinks into blobs
       models--org--name/refs/<branch>           the commit a branch pointed to
-      .mreg/pulls/models--org--name/<commit>.json   what mreg verified (a PullRecord)
+      models--org--name/.mreg/<commit>.json     what mreg verified (a PullRecord), unseen by the hub's scanner
 
 A local directory imported without a copy (`PullRecord.linked`) has a snapshot of absolute links to
 the directory's own files and no blobs: its record is trusted only while every file keeps the size,
@@ -71,9 +71,10 @@ class Snapshot:
 def load_record(cache: Path, repo: str, commit: str) -> Snapshot | None:
     """A previously verified snapshot whose files are all still present, if any."""
     path = layout.pull_record_path(cache, repo, commit)
+    _adopt_legacy(cache, repo, commit, path)
     try:
         record = PullRecord.model_validate_json(path.read_bytes())
-    except (FileNotFoundError, ValueError):
+    except (OSError, ValueError):
         return None
     snap = layout.cache_snapshot_dir(cache, repo, commit)
     for f in record.source.files:
@@ -85,6 +86,22 @@ def load_record(cache: Path, repo: str, commit: str) -> Snapshot | None:
     if _changed(snap, record):
         return None
     return Snapshot(cache, record, snap, reused=True)
+
+
+def _adopt_legacy(cache: Path, repo: str, commit: str, path: Path) -> None:
+    """Move a record an older mreg kept at the cache's top into the repository's folder (a rename: a reader sees
+    it in one place or the other), and drop the old folders once empty, so `hf cache ls` stops calling them
+    corrupt. Best effort: a record that cannot be moved is not read, and the snapshot is verified again."""
+    old = layout.legacy_pull_record_path(cache, repo, commit)
+    if path.exists() or not old.is_file() or not path.parent.parent.is_dir():
+        return
+    try:
+        path.parent.mkdir(exist_ok=True)
+        os.replace(old, path)
+        for folder in (old.parent, old.parent.parent, old.parent.parent.parent):
+            folder.rmdir()
+    except OSError:
+        return
 
 
 def _changed(snap: Path, record: PullRecord) -> str | None:
