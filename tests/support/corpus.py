@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from support.cli import CliResult, run
 from support.hostile import file_modes_enforced
 from support.world import World, untouchable, visible
