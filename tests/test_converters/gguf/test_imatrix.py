@@ -177,7 +177,7 @@ def test_calibration_default_is_recorded_keyed_and_lowers_kl(mreg: Any, store_ro
     """`--calibration default`: the importance matrix is a file of the version, its text's digest, tokens and
     chunking are in the manifest and the key (the same run is reused, another text is another version), and the
     file's KL divergence from the float32 reference is lower than without it (on a model with outlier features;
-    measured here: see the README)."""
+    measured here: see docs/benchmarks.md)."""
     src = _outliers(tiny_model("llama", hidden_size=256, intermediate_size=256, num_heads=4, num_kv_heads=4,
                                num_layers=2, vocab_size=384))
     plain = convert(mreg, src, "gguf:Q3_K_S", name="plain")

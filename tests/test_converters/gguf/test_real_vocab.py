@@ -142,11 +142,11 @@ def test_real_tokenizer_gives_llama_cpp_converters_file(name: str, llama_cpp_roo
 
 
 def test_every_vocabulary_in_llama_cpp_is_covered_or_listed(llama_cpp_root: Path) -> None:
-    """No vocabulary file of the pinned llama.cpp is left out silently; README lists the refused ones."""
+    """No vocabulary file of the pinned llama.cpp is left out silently; the GGUF guide lists the refused ones."""
     files = {p.name[len("ggml-vocab-"):-len(".gguf")] for p in (llama_cpp_root / "models").glob("ggml-vocab-*.gguf")}
     assert files == set(VOCABS) | set(UNSUPPORTED)
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
-    assert all(f"`{name}`" in readme for name in UNSUPPORTED)
+    guide = (Path(__file__).parents[3] / "docs" / "guides" / "gguf.md").read_text()
+    assert all(f"`{name}`" in guide for name in UNSUPPORTED)
 
 
 def test_shipped_pre_tokenizer_table_is_llama_cpps(llama_cpp_root: Path) -> None:

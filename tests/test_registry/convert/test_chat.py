@@ -46,7 +46,7 @@ CONVERSATIONS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]] | None
                                 {"role": "assistant", "content": "22 °C and clear."}], TOOLS),
 }
 
-#: Templates transformers itself cannot render for any of these conversations, with the reason (README.md lists them).
+#: Templates transformers itself cannot render for any of these conversations, with the reason (docs/guides/chat-templates.md lists them).
 UNRENDERABLE: dict[str, str] = {
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja":
         "iterates `tools` even when none are given (None is not iterable), and reads `tool.description` at the "
@@ -125,7 +125,7 @@ def test_every_real_template_renders_as_transformers_renders_it(name: str, llama
                 assert mine == theirs, where
                 rendered += 1
     if name in UNRENDERABLE:
-        assert rendered == 0, f"{name} renders now: drop it from UNRENDERABLE and README.md"
+        assert rendered == 0, f"{name} renders now: drop it from UNRENDERABLE and docs/guides/chat-templates.md"
     else:
         assert rendered > 0, f"transformers renders no conversation with {name}: list it in UNRENDERABLE"
 
