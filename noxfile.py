@@ -1,6 +1,8 @@
-"""Developer sessions: tests, lint, demo, bench. Each installs what it needs from this repository."""
+"""Developer sessions: tests, lint, demo, bench, docs. Each installs what it needs from this repository."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import nox
 
@@ -28,12 +30,22 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff, mypy --strict, the import contracts (the architecture), and the exported JSON Schema."""
-    session.install("-e", ".[test,lint]")
+    """ruff, mypy --strict, the import contracts (the architecture), the exported JSON Schema, and the docs site
+    (built with --strict: a broken link, a missing page or an include that finds no file fails)."""
+    session.install("-e", ".[test,lint,docs]")
     session.run("ruff", "check", ".")
     session.run("mypy")
     session.run("lint-imports")
     session.run("python", "-m", "manifests.export", "--check")
+    session.run("python", "benchmarks/render.py", "--check")
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(Path(session.create_tmp()) / "site"))
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Serve the documentation site on http://127.0.0.1:8000, rebuilt on every change (`-- -a HOST:PORT`)."""
+    session.install("-e", ".[docs]")
+    session.run("mkdocs", "serve", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -26,15 +26,19 @@
    the 1.1 B TinyLlama shape (`--only firstrun`), and Llama 2 7B's shape (`--only firstrun-7b`, not in the
    default run: about 45 GB of disk).
 
-Writes bench-results/bench.json. Needs about 15 GB of free disk in --workdir (default ./bench-work).
+Writes bench-results/bench.json (with the date and the machine; `python benchmarks/render.py
+bench-results/bench.json` turns it into docs/benchmarks.md). Needs about 15 GB of free disk in --workdir
+(default ./bench-work).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import hashlib
 import json
 import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -438,7 +442,11 @@ def main() -> int:
     work = Path(args.workdir).absolute()
     _rm(work)
     work.mkdir(parents=True)
-    results: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
+    # When and where: benchmarks/render.py heads each run's section with them (docs/benchmarks.md).
+    results: dict[str, Any] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                               "machine": platform.node(), "platform": platform.platform(),
+                               "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+                               "python": sys.version.split()[0], "cpus": os.cpu_count()}
     chosen = args.only or ["flips", "register", "pull", "s3", "gguf", "onnx", "tensorrt", "oci", "quality", "moe",
                            "firstrun"]
     from bench_firstrun import bench_firstrun
