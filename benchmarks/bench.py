@@ -391,7 +391,7 @@ def bench_tensorrt(work: Path, results: dict[str, Any]) -> None:
     """TensorRT for RTX engine builds (ahead of time, no GPU needed): per target and precision, time and plan size.
 
     RTX keeps no build cache (its timing-cache calls are no-ops), so a rebuild costs what a cold build
-    does; the warm/cold timing-cache figures need full TensorRT on a GPU (README, TensorRT).
+    does; the warm/cold timing-cache figures need full TensorRT on a GPU (docs/guides/tensorrt.md).
     """
     from support.tiny_models import build_tiny_llama
 
