@@ -46,7 +46,8 @@ CONVERSATIONS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]] | None
                                 {"role": "assistant", "content": "22 °C and clear."}], TOOLS),
 }
 
-#: Templates transformers itself cannot render for any of these conversations, with the reason (docs/guides/chat-templates.md lists them).
+#: Templates transformers itself cannot render for any of these conversations, with the reason
+#: (docs/guides/chat-templates.md lists them).
 UNRENDERABLE: dict[str, str] = {
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja":
         "iterates `tools` even when none are given (None is not iterable), and reads `tool.description` at the "
