@@ -16,6 +16,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from registry.errors import IntegrityError, NotFound, StoreUnreachable, UsageError
+from registry.incoming import page_cap
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -162,7 +163,8 @@ class Bucket:
         if delimiter:
             kwargs["Delimiter"] = delimiter
         try:
-            for page in self.s3.get_paginator("list_objects_v2").paginate(**kwargs):
+            pages = self.s3.get_paginator("list_objects_v2").paginate(**kwargs)
+            for page in page_cap(pages, f"listing s3://{self.bucket}/{prefix}"):
                 if delimiter:
                     yield from page.get("CommonPrefixes", [])
                 else:
@@ -173,7 +175,8 @@ class Bucket:
     def multipart_uploads(self, prefix: str) -> Iterator[dict[str, Any]]:
         """Multipart uploads begun and neither completed nor aborted under a prefix, across pages."""
         try:
-            for page in self.s3.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix):
+            pages = self.s3.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix)
+            for page in page_cap(pages, f"listing multipart uploads under s3://{self.bucket}/{prefix}"):
                 yield from page.get("Uploads", [])
         except (ClientError, BotoCoreError) as e:
             raise wrap_error(e, f"listing multipart uploads under s3://{self.bucket}/{prefix}") from e
