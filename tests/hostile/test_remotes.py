@@ -1,13 +1,18 @@
 """Hostile remotes (issue 34, items 4 and 5): an OCI registry that streams past a layer's declared size, stops short
-of it or trickles, and an S3 endpoint whose listing never ends. Each is a small server on 127.0.0.1
+of it or trickles, an S3 endpoint whose listing never ends, and (the image-copy item) an `--as-image` image served
+without its layer annotations, as a copy by another tool is, but damaged. Each is a small server on 127.0.0.1
 (support.lying_servers) in front of real bytes: a version mreg published and pushed to an OCI image layout. The
 bounds are set small through their environment variables, so a stall is seen in about a second."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +23,7 @@ from support.lying_servers import EndlessListing, Lie, LyingRegistry, past_the_e
 from support.world import World
 
 from registry import incoming
+from registry.oci import media
 
 TAG = "1"
 
@@ -54,6 +60,38 @@ def _lying(command: str, lie: Lie, *, grow: int = 0, stall: bool = False) -> Set
     return setup
 
 
+def _copied_image(damage: Callable[[Path, dict[str, Any]], None]) -> Setup:
+    """`pull` of m@1's image (`--as-image`) as a copy by another tool serves it (no layer annotations), damaged."""
+    def setup(w: World) -> Sequence[str | Path]:
+        w.publish()
+        layout = w.root / "layout"
+        r = run("push", "m@1", f"oci-layout:{layout}:{TAG}", "--as-image", "--json")
+        assert r.exit_code == 0, r.stderr
+
+        def rewrite(manifest: dict[str, Any]) -> None:
+            for d in manifest["layers"]:
+                d.pop("annotations", None)
+            damage(layout, manifest)
+        return ["pull", f"oci://{_serve(w, LyingRegistry(layout, TAG, rewrite=rewrite))}/t/m:{TAG}", "--insecure"]
+    return setup
+
+
+def _swapped(_layout: Path, manifest: dict[str, Any]) -> None:
+    layers = manifest["layers"]
+    layers[0], layers[1] = layers[1], layers[0]
+
+
+def _other_manifest_label(layout: Path, manifest: dict[str, Any]) -> None:
+    """The config relabelled to name another mreg manifest (a consistent config blob: its digest is right)."""
+    path = layout / "blobs" / manifest["config"]["digest"].replace(":", "/")
+    config = json.loads(path.read_bytes())
+    config["config"]["Labels"][media.MREG_MANIFEST_DIGEST] = "sha256:" + "0" * 64
+    data = json.dumps(config).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    (layout / "blobs" / "sha256" / digest).write_bytes(data)
+    manifest["config"] = {**manifest["config"], "digest": f"sha256:{digest}", "size": len(data)}
+
+
 def _as_is(data: bytes) -> Iterator[bytes]:
     yield data
 
@@ -86,6 +124,10 @@ CASES = [
          check=_no_temp),
     Case("oci-sync-one-trickle", _lying("sync", trickle, stall=True), 9, "StoreUnreachable", ("stalled",),
          check=_no_temp),
+    Case("oci-image-copy-with-layers-out-of-order", _copied_image(_swapped), 4, "IntegrityError",
+         ("no layer of the right size",), check=_no_temp),
+    Case("oci-image-copy-labelled-for-another-manifest", _copied_image(_other_manifest_label), 4, "IntegrityError",
+         ("labels name another mreg manifest",), check=_no_temp),
     Case("s3-listing-without-end", _endless_listing, 9, "StoreUnreachable", ("did not end after 20 pages",),
          check=_pages_capped),
 ]
@@ -122,3 +164,27 @@ def test_a_bad_bound_is_a_usage_error(name: str, value: str, monkeypatch: pytest
     monkeypatch.setenv(name, value)
     with pytest.raises(UsageError, match=name):
         incoming.stall_floor() if name != incoming.MAX_LIST_PAGES_ENV else incoming.max_list_pages()
+
+
+def test_a_killed_pull_leaves_no_temp_after_the_next(world: World, bounds_env: None) -> None:
+    """A pull killed while a layer trickles in leaves its temp file (nothing runs after SIGKILL); the next pull of
+    that repository removes it first, even one that fails, and the temp never grew past the layer's size."""
+    layout, victim, size = _pushed_layout(world)
+    with LyingRegistry(layout, TAG, victim, trickle) as server:
+        ref = f"oci://{server.host}/t/m:{TAG}"
+        env = {**os.environ, incoming.STALL_BYTES_ENV: "0"}  # no floor: it would wait for the whole layer
+        child = subprocess.Popen([sys.executable, "-c", "from registry.cli import run; run()", "pull", ref,
+                                  "--insecure"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while not (temps := [p for p in world.cache.rglob("*") if ".tmp-" in p.name]):
+                assert child.poll() is None and time.monotonic() < deadline, "the pull never started the layer"
+                time.sleep(0.05)
+        finally:
+            child.kill()
+            child.wait()
+        assert all(p.stat().st_size <= size for p in temps)
+        os.environ[incoming.STALL_SECONDS_ENV], os.environ[incoming.STALL_BYTES_ENV] = "1", "4096"
+        r = run("pull", ref, "--insecure", "--json")
+        assert r.exit_code == 9 and "stalled" in r.json["error"]["message"], r.stdout
+    assert not [p for p in world.cache.rglob("*") if ".tmp-" in p.name]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 #: What a lie does with a blob's true bytes: the chunks to send instead (sent without a Content-Length, then closed).
 Lie = Callable[[bytes], Iterator[bytes]]
@@ -54,15 +55,19 @@ class _Server:
 
 class LyingRegistry(_Server):
     """The OCI distribution pull endpoints over an image layout (`mreg push … oci-layout:DIR`), every blob as it is
-    except `victim`, which `lie` replaces; `sizes` overrides descriptor sizes in the manifest it serves."""
+    except `victim`, which `lie` replaces; `sizes` overrides descriptor sizes in the manifest it serves, and `rewrite`
+    changes that manifest in place."""
 
-    def __init__(self, layout: Path, tag: str, victim: str, lie: Lie, sizes: dict[str, int] | None = None) -> None:
+    def __init__(self, layout: Path, tag: str, victim: str = "", lie: Lie = past_the_end,
+                 sizes: dict[str, int] | None = None, rewrite: Callable[[dict[str, Any]], None] | None = None) -> None:
         index = json.loads((layout / "index.json").read_text())
         entry = next(m for m in index["manifests"] if m["annotations"]["org.opencontainers.image.ref.name"] == tag)
         blob = lambda d: (layout / "blobs" / d.replace(":", "/")).read_bytes()  # noqa: E731
         manifest = json.loads(blob(entry["digest"]))
         for d in manifest["layers"]:
             d["size"] = (sizes or {}).get(d["digest"], d["size"])
+        if rewrite is not None:  # e.g. what a copy by another tool does to the manifest
+            rewrite(manifest)
         raw = json.dumps(manifest).encode()
         digest = "sha256:" + hashlib.sha256(raw).hexdigest()
         self.manifest_digest = digest
