@@ -102,6 +102,12 @@ def _endless_listing(w: World) -> Sequence[str | Path]:
     return ["list", "--store", "s3://b/p"]
 
 
+def _slow_object(w: World) -> Sequence[str | Path]:
+    os.environ["AWS_ENDPOINT_URL"] = f"http://{_serve(w, EndlessListing(slow_objects=True))}"
+    os.environ[incoming.STALL_SECONDS_ENV], os.environ[incoming.STALL_BYTES_ENV] = "1", "4096"
+    return ["show", "m@1", "--store", "s3://b/p"]
+
+
 def _no_temp(w: World, _error: dict[str, Any]) -> None:
     """Nothing half-written stays: no temp file in the cache or the store, and no blob past its declared size."""
     left = [p for root in (w.cache, w.store) if root.exists() for p in root.rglob("*") if ".tmp-" in p.name]
@@ -128,6 +134,7 @@ CASES = [
          ("no layer of the right size",), check=_no_temp),
     Case("oci-image-copy-labelled-for-another-manifest", _copied_image(_other_manifest_label), 4, "IntegrityError",
          ("labels name another mreg manifest",), check=_no_temp),
+    Case("s3-object-one-trickle", _slow_object, 9, "StoreUnreachable", ("stalled",)),
     Case("s3-listing-without-end", _endless_listing, 9, "StoreUnreachable", ("did not end after 20 pages",),
          check=_pages_capped),
 ]

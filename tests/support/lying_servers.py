@@ -121,9 +121,9 @@ class LyingRegistry(_Server):
 
 class EndlessListing(_Server):
     """An S3 endpoint whose ListObjectsV2 always says more follows (a fresh continuation token each page); `pages`
-    counts the pages served."""
+    counts the pages served. With `slow_objects`, a GET of an object instead answers 1 MB, ten bytes at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, slow_objects: bool = False) -> None:
         self.pages = 0
         outer = self
 
@@ -132,6 +132,8 @@ class EndlessListing(_Server):
                 pass
 
             def do_GET(self) -> None:
+                if slow_objects and "list-type=2" not in self.path:
+                    return self._trickle()
                 outer.pages += 1
                 body = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>"
                         "<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">"
@@ -144,5 +146,18 @@ class EndlessListing(_Server):
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def _trickle(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(10**6))
+                self.send_header("ETag", '"0"')
+                self.end_headers()
+                try:
+                    for chunk in trickle(b" " * 10**6):
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
         super().__init__(Handler)
