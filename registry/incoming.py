@@ -6,7 +6,8 @@ nothing past it is ever read or written: a registry that streams on is refused a
 it, and a short one is called short. The declared size bounds the space; the floor bounds the time.
 
 The floor: every window of `MREG_STALL_SECONDS` (60 s, the per-read timeout the clients already use)
-must bring `MREG_STALL_BYTES` (1 MiB, about 17 KiB/s, 140 kbit/s per connection). A link slower than
+must bring `MREG_STALL_BYTES` (1 MiB, about 17 KiB/s, 140 kbit/s per connection), on every OCI blob,
+manifest and referrers page and every S3 object body. A link slower than
 that would take eight hours a gigabyte, so no model moves over it anyway, while a registry that sends
 a byte a second (60 bytes a window) is stopped within a window instead of running for days. A stall
 is a remote failure that the next try may not meet: StoreUnreachable, exit 9. `MREG_STALL_BYTES=0`
