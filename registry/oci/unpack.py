@@ -40,6 +40,17 @@ def _hostile(where: str, why: str) -> IntegrityError:
     return IntegrityError(f"{where}: {why}", hint=HINT)
 
 
+def _same_layers(where: str, diff_ids: object, tail: list[Any]) -> None:
+    """mreg's layers are uncompressed, so their digests are the config's last diff ids; a copy that recompressed them
+    (or another config) is refused before a layer is read."""
+    ids = diff_ids[-len(tail):] if isinstance(diff_ids, list) and len(diff_ids) >= len(tail) else None
+    if ids != [d.get("digest") if isinstance(d, dict) else None for d in tail]:
+        raise IntegrityError(f"{where}: its layers are not the ones its config lists, in that order (a copy that "
+                             "recompressed or reordered them?)",
+                             hint="copy the image with its layers as they are (`skopeo copy --preserve-digests`), "
+                                  "or push it again with `mreg push --as-image`")
+
+
 class ImageReader:
     """A target whose mreg images read as the artifacts of their versions (everything else as it is)."""
 
@@ -106,33 +117,39 @@ class ImageReader:
         where = f"{self.location}:{reference}"
         path = (layers[-1].get("annotations") or {}).get(media.MREG_PATH)
         labels: dict[str, Any] = {}
+        diff_ids: object = None
         if path is None:  # a copy by another tool (podman, skopeo, crane) keeps the config but no layer annotations
-            labels = self._labels(where, config)
+            labels, diff_ids = self._config(where, config)
             name = labels.get(media.MREG_NAME)
             path = f"{ROOT}/{name}/{layout.MANIFEST}" if isinstance(name, str) and "/" not in name else None
+            if path is not None:
+                _same_layers(where, diff_ids, layers[-1:])
         if not isinstance(path, str) or not path.startswith(f"{ROOT}/") or not path.endswith(f"/{layout.MANIFEST}"):
             return got
-        return self._translate(where, got, layers, path, labels.get(media.MREG_MANIFEST_DIGEST))
+        return self._translate(where, got, layers, path, labels.get(media.MREG_MANIFEST_DIGEST),
+                               diff_ids if labels else None)
 
-    def _labels(self, where: str, config: dict[str, Any]) -> dict[str, Any]:
-        """The image config's labels (the config read whole, capped, and checked against its digest)."""
+    def _config(self, where: str, config: dict[str, Any]) -> tuple[dict[str, Any], object]:
+        """The image config's labels and diff ids (the config read whole, capped, and checked against its digest)."""
         digest, size = config.get("digest"), config.get("size")
         if not isinstance(digest, str) or not DIGEST.match(digest) or not isinstance(size, int) \
                 or not 0 < size <= MAX_MANIFEST:
-            return {}
+            return {}, None
         data = b"".join(sized(self.inner.open_blob(digest), size, f"{where}: its config", HINT))
         if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
             raise _hostile(where, f"its config does not match its digest {digest[:19]}…")
         try:
             doc = json.loads(data)
         except ValueError:
-            return {}
+            return {}, None
         inner = doc.get("config") if isinstance(doc, dict) else None
         labels = inner.get("Labels") if isinstance(inner, dict) else None
-        return labels if isinstance(labels, dict) else {}
+        rootfs = doc.get("rootfs") if isinstance(doc, dict) else None
+        return (labels if isinstance(labels, dict) else {}), (rootfs.get("diff_ids") if isinstance(rootfs, dict)
+                                                               else None)
 
     def _translate(self, where: str, got: FetchedManifest, layers: list[Any], path: str,
-                   manifest_digest: object = None) -> FetchedManifest:
+                   manifest_digest: object = None, diff_ids: object = None) -> FetchedManifest:
         """The artifact of the version an mreg image carries. Its layers are matched by position, as `image` lays
         them out (a base's first, then one per file in the manifest's order, the manifest last), since a copy by
         another tool keeps the layers and their order but not their annotations; each is held to the size and,
@@ -149,6 +166,8 @@ class ImageReader:
         files = [(f"{ROOT}/{m.name}/{art.path}/{f.path}", f) for art in m.artifacts for f in art.files]
         if len(layers) < len(files) + 1:
             raise _hostile(where, f"{len(layers)} layers, fewer than the {len(files) + 1} of its version")
+        if diff_ids is not None:  # recognised by its labels: its layers must be the ones its config lists
+            _same_layers(where, diff_ids, layers[-1 - len(files):])
         for (p, f), d in zip(files, layers[-1 - len(files):-1], strict=True):
             layer = TarLayer(p, tar_header(p, f.size), f.size)
             notes = d.get("annotations") if isinstance(d, dict) else None
