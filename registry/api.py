@@ -380,7 +380,8 @@ def oci_push(store: LocalStore, version: str | Version, destination: str, *, for
     below = transfer.open_target(base_ref, insecure=insecure and loopback, images=False) \
         if base_ref is not None else None
     try:
-        image = read_base(below, base_ref.digest or base_ref.tag, str(base_ref)) \
+        image = read_base(below, base_ref.digest or base_ref.tag, str(base_ref),
+                          base_ref.image_name if isinstance(base_ref, reference.OciRef) else None) \
             if below is not None and base_ref is not None else None
         target = transfer.open_target(ref, insecure=insecure, create=True, chunk=chunk,
                                       sessions=layout.oci_uploads_dir(store.root), stop=stop)

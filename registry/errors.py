@@ -149,7 +149,7 @@ EXIT_CODES: dict[int, str] = {
     6: "refused by a promotion gate, or no gguf:auto candidate meets the budget",
     7: "not enough free space",
     8: "unsafe input refused (pickle weights, path-traversing file names)",
-    9: "hub or remote store unreachable (and, for pulls, nothing usable in the cache)",
+    9: "hub or remote store unreachable or stalled (and, for pulls, nothing usable in the cache)",
     10: "promoted, but the engine failed its reload or readiness check: the alias was flipped back",
     11: "a golden-set check failed (`mreg check`)",
     12: "a native runtime (llama.cpp) crashed in its own process; mreg recorded nothing",

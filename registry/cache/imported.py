@@ -21,6 +21,7 @@ from registry.cache.plan import RemoteFile, check_space, plan_pull
 from registry.cache.records import Snapshot, load_record, publish_snapshot, write_record, write_ref
 from registry.digest import write_hashed
 from registry.errors import IntegrityError
+from registry.incoming import sized
 from registry.progress import NoProgress, Progress
 
 #: Files fetched at once.
@@ -86,12 +87,14 @@ def import_files(cache: Path, repo: str, commit: str, requested: str, files: Seq
 
 def _fetch(cache: Path, blobs: Path, f: IncomingFile, advance: Callable[[int], None]) -> None:
     tmp = atomic.temp_name(blobs / f.sha256)
+    hint = "the registry's copy is damaged: push the version again from a good store"
     try:
-        actual = write_hashed(tmp, f.chunks(), advance)
-        if actual != f.sha256 or tmp.stat().st_size != f.size:
+        # Never a byte past the declared size: the space check counted that size, and a stream that goes on is
+        # refused at its first byte over it (then the temp is removed below; a kill's temp, by the next sweep).
+        actual = write_hashed(tmp, sized(f.chunks(), f.size, f"{f.path}: the layer", hint), advance)
+        if actual != f.sha256:
             raise IntegrityError(f"{f.path}: the bytes received hash to {actual[:12]}…, not {f.sha256[:12]}… as "
-                                 "the manifest says; nothing was added to the cache",
-                                 hint="the registry's copy is damaged: push the version again from a good store")
+                                 "the manifest says; nothing was added to the cache", hint=hint)
         os.chmod(tmp, 0o444)
         os.replace(tmp, blobs / f.sha256)
     except OSError as e:

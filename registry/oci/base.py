@@ -67,6 +67,8 @@ class BaseImage:
     digest: str
     config: dict[str, Any]
     layers: tuple[Blob, ...]
+    #: The plain image reference (`host/repo:tag`) of a base in a registry; None for a layout or an archive.
+    image_name: str | None = None
 
 
 def _bad(where: str, why: str) -> UsageError:
@@ -95,7 +97,7 @@ def _small_blob(target: Target, where: str, digest: str) -> bytes:
     return data
 
 
-def read_base(target: Target, reference: str | None, name: str) -> BaseImage:
+def read_base(target: Target, reference: str | None, name: str, image_name: str | None = None) -> BaseImage:
     """The base image a reference names (linux/amd64 from an index), its config read and checked."""
     got = target.get_manifest(reference or "")
     if got is None:
@@ -138,4 +140,4 @@ def read_base(target: Target, reference: str | None, name: str) -> BaseImage:
             not all(isinstance(x, str) and DIGEST.match(x) for x in diff_ids):
         raise IntegrityError(f"the base image {name}: its config's diff ids do not match its layers",
                              hint="give another base image")
-    return BaseImage(name, digest, cfg, tuple(layers))
+    return BaseImage(name, digest, cfg, tuple(layers), image_name)

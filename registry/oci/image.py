@@ -186,7 +186,8 @@ def pack_image(store_root: Path, m: Manifest, manifest_raw: bytes, progress: Pro
     created = m.created.at.isoformat().replace("+00:00", "Z")
     notes = {media.CREATED: created, media.MREG_NAME: m.name, media.MREG_VERSION: str(m.version)}
     if base is not None:
-        notes |= {media.BASE_NAME: base.name, media.BASE_DIGEST: base.digest}
+        # base.name is an image reference (`host/repo:tag`), which a layout or an archive has none of
+        notes |= {media.BASE_DIGEST: base.digest, **({media.BASE_NAME: base.image_name} if base.image_name else {})}
     below = list(base.layers) if base is not None else []
     doc = {
         "schemaVersion": 2,

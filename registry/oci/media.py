@@ -12,6 +12,11 @@ OCI_EMPTY = "application/vnd.oci.empty.v1+json"
 IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
 IMAGE_CONFIG_TYPES = frozenset({IMAGE_CONFIG, "application/vnd.docker.container.image.v1+json"})
 TAR_LAYER = "application/vnd.oci.image.layer.v1.tar"
+#: The types a copy may give mreg's uncompressed tar layers: containers/image (skopeo, podman) labels every layer of
+#: a Docker manifest `…tar.gzip`, whatever its bytes. Only a label: the bytes are held to mreg's tar when read.
+DOCKER_TAR_LAYER = "application/vnd.docker.image.rootfs.diff.tar"
+TAR_LAYERS = frozenset({TAR_LAYER, f"{TAR_LAYER}+gzip", f"{TAR_LAYER}+zstd",
+                        DOCKER_TAR_LAYER, f"{DOCKER_TAR_LAYER}.gzip"})
 #: The empty descriptor's blob (`{}`): the config of an artifact that needs none (a signature).
 EMPTY_DATA = b"{}"
 EMPTY_DIGEST = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"

@@ -44,9 +44,14 @@ class OciRef:
         except ValueError:
             return False
 
-    def __str__(self) -> str:
+    @property
+    def image_name(self) -> str:
+        """The plain image reference (`host/repo:tag` or `host/repo@digest`, no scheme): what other tools name."""
         at = f"@{self.digest}" if self.digest else f":{self.tag}" if self.tag else ""
-        return f"{SCHEME}{self.host}/{self.repository}{at}"
+        return f"{self.host}/{self.repository}{at}"
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.image_name}"
 
 
 @dataclass(frozen=True)

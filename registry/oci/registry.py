@@ -34,6 +34,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx2
 
 from registry.errors import CredentialsRefused, IntegrityError, Interrupted, NotFound, StoreUnreachable, UsageError
+from registry.incoming import stall_floor, unstalled
 from registry.oci import auth, media, referrers
 from registry.oci.reference import OciRef
 from registry.oci.target import BlobBody, FetchedManifest, read_capped
@@ -93,7 +94,8 @@ class RegistryTarget:
         self.origin = f"{'http' if insecure else 'https'}://{ref.host}/"
         self.sessions = UploadSessions(sessions, self.location) if sessions is not None else None
         self.stop = stop  # set: end the push at the next blob or chunk boundary (a resumable point)
-        self.http = httpx2.Client(timeout=httpx2.Timeout(60.0, connect=10.0), follow_redirects=True)
+        self.floor = stall_floor()
+        self.http = httpx2.Client(timeout=httpx2.Timeout(self.floor.read_timeout, connect=10.0), follow_redirects=True)
         self._creds: auth.Credentials | None = None
         self._creds_loaded = False
         self._authorization: str | None = None
@@ -318,13 +320,20 @@ class RegistryTarget:
                                hint="push the version again from a store that has it")
             if resp.status_code != 200:
                 raise self._fail(resp, f"GET blob {digest[:19]}…")
-            try:
-                yield from resp.iter_bytes(READ)
+            try:  # chunks as they arrive (not gathered to READ bytes), so a trickle meets the stall floor
+                yield from unstalled(resp.iter_bytes(), f"{self.location}: blob {digest[:19]}…", self.floor)
             except httpx2.HTTPError as e:
                 raise StoreUnreachable(f"{self.location}: blob {digest[:19]}… cut short ({type(e).__name__})",
                                        hint="pull again; nothing was kept") from None
         finally:
             resp.close()
+
+    def _small_body(self, resp: httpx2.Response, what: str, hint: str) -> bytes:
+        """A small document's body (capped, held to the stall floor); a dropped or stalled read is one line."""
+        try:
+            return read_capped(unstalled(resp.iter_bytes(), what, self.floor), what, hint=hint)
+        except httpx2.HTTPError as e:
+            raise StoreUnreachable(f"{what}: cut short ({type(e).__name__})", hint="retry") from None
 
     def get_manifest(self, reference: str) -> FetchedManifest | None:
         """The manifest a tag or digest names (at most MAX_MANIFEST bytes), or None."""
@@ -334,8 +343,8 @@ class RegistryTarget:
                 return None
             if resp.status_code != 200:
                 raise self._fail(resp, f"GET manifest {reference}")
-            data = read_capped(resp.iter_bytes(READ), f"{self.location}:{reference}: the manifest",
-                               hint="this is not a manifest mreg wrote or can read")
+            data = self._small_body(resp, f"{self.location}:{reference}: the manifest",
+                                    hint="this is not a manifest mreg wrote or can read")
         finally:
             resp.close()
         kind = resp.headers.get("content-type", "").split(";")[0].strip()
@@ -359,9 +368,8 @@ class RegistryTarget:
                     return referrers.entries(got.data if got else None)
                 if resp.status_code != 200:
                     raise self._fail(resp, f"GET referrers of {subject[:19]}…")
-                data = read_capped(resp.iter_bytes(READ),
-                                   f"{self.location}: a page of the referrers of {subject[:19]}…",
-                                   hint="this is not a list mreg can read")
+                data = self._small_body(resp, f"{self.location}: a page of the referrers of {subject[:19]}…",
+                                        hint="this is not a list mreg can read")
             finally:
                 resp.close()
             out += referrers.entries(data)

@@ -31,6 +31,7 @@ from registry.cache.plan import unsafe_reason
 from registry.cache.records import Snapshot
 from registry.digest import write_hashed
 from registry.errors import Conflict, IntegrityError, NotFound, UsageError
+from registry.incoming import sized
 from registry.oci import media, uploads
 from registry.oci.archive import ArchiveTarget
 from registry.oci.base import BaseImage
@@ -239,7 +240,8 @@ def read_artifact(target: Target, reference: str | None) -> ReadArtifact:
 def _mreg_manifest(target: Target, where: str, digest: str, size: int) -> tuple[Manifest, bytes]:
     if size > MAX_MREG_MANIFEST:
         raise _hostile(where, f"the mreg manifest layer is {size} bytes")
-    data = b"".join(target.open_blob(digest))
+    data = b"".join(sized(target.open_blob(digest), size, f"{where}: the mreg manifest layer",
+                          hint="this artifact is damaged or was not written for a model; nothing was written"))
     if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
         raise _hostile(where, f"the mreg manifest layer does not match its digest {digest[:19]}…")
     try:
@@ -373,7 +375,10 @@ def _materialize(target: Target, local: LocalStore, manifest: Manifest, raw: byt
             for d in missing:
                 first = wanted[d][0]
                 first.parent.mkdir(parents=True, exist_ok=True)
-                actual = write_hashed(first, target.open_blob(f"sha256:{d}"), progress.advance)
+                actual = write_hashed(first, sized(target.open_blob(f"sha256:{d}"), sizes[d],
+                                                   f"{target.location}: layer sha256:{d[:12]}…",
+                                                   hint="push the version again from a good store"),
+                                      progress.advance)
                 if actual != d:
                     raise IntegrityError(f"{target.location}: layer sha256:{d[:12]}… is corrupt (its bytes hash to "
                                          f"{actual[:12]}…); nothing was published locally",

@@ -22,19 +22,33 @@ from typing import Any
 from manifests import Manifest
 from registry import layout
 from registry.errors import IntegrityError
+from registry.incoming import sized
 from registry.oci import media
 from registry.oci.image import ROOT, TarLayer, tar_header
-from registry.oci.pack import pack
+from registry.oci.pack import digest_of, pack
 from registry.oci.reference import DIGEST
-from registry.oci.target import BlobBody, FetchedManifest, Target
+from registry.oci.target import MAX_MANIFEST, BlobBody, FetchedManifest, Target
 
 #: mreg's manifest layer is small (the manifest, one header); a larger one is not ours.
 MAX_MANIFEST_LAYER = (16 << 20) + (64 << 10)
 
 
+HINT = "this image is damaged or was not made by `mreg push --as-image`; nothing was written"
+
+
 def _hostile(where: str, why: str) -> IntegrityError:
-    return IntegrityError(f"{where}: {why}", hint="this image is damaged or was not made by `mreg push --as-image`; "
-                                                  "nothing was written")
+    return IntegrityError(f"{where}: {why}", hint=HINT)
+
+
+def _same_layers(where: str, diff_ids: object, tail: list[Any]) -> None:
+    """mreg's layers are uncompressed, so their digests are the config's last diff ids; a copy that recompressed them
+    (or another config) is refused before a layer is read."""
+    ids = diff_ids[-len(tail):] if isinstance(diff_ids, list) and len(diff_ids) >= len(tail) else None
+    if ids != [d.get("digest") if isinstance(d, dict) else None for d in tail]:
+        raise IntegrityError(f"{where}: its layers are not the ones its config lists, in that order (a copy that "
+                             "recompressed or reordered them?)",
+                             hint="copy the image with its layers as they are (`skopeo copy --preserve-digests`), "
+                                  "or push it again with `mreg push --as-image`")
 
 
 class ImageReader:
@@ -100,12 +114,46 @@ class ImageReader:
         if not isinstance(config, dict) or config.get("mediaType") not in media.IMAGE_CONFIG_TYPES \
                 or not isinstance(layers, list) or not layers or not isinstance(layers[-1], dict):
             return got
+        where = f"{self.location}:{reference}"
         path = (layers[-1].get("annotations") or {}).get(media.MREG_PATH)
+        labels: dict[str, Any] = {}
+        diff_ids: object = None
+        if path is None:  # a copy by another tool (podman, skopeo, crane) keeps the config but no layer annotations
+            labels, diff_ids = self._config(where, config)
+            name = labels.get(media.MREG_NAME)
+            path = f"{ROOT}/{name}/{layout.MANIFEST}" if isinstance(name, str) and "/" not in name else None
+            if path is not None:
+                _same_layers(where, diff_ids, layers[-1:])
         if not isinstance(path, str) or not path.startswith(f"{ROOT}/") or not path.endswith(f"/{layout.MANIFEST}"):
             return got
-        return self._translate(f"{self.location}:{reference}", got, layers, path)
+        return self._translate(where, got, layers, path, labels.get(media.MREG_MANIFEST_DIGEST),
+                               diff_ids if labels else None)
 
-    def _translate(self, where: str, got: FetchedManifest, layers: list[Any], path: str) -> FetchedManifest:
+    def _config(self, where: str, config: dict[str, Any]) -> tuple[dict[str, Any], object]:
+        """The image config's labels and diff ids (the config read whole, capped, and checked against its digest)."""
+        digest, size = config.get("digest"), config.get("size")
+        if not isinstance(digest, str) or not DIGEST.match(digest) or not isinstance(size, int) \
+                or not 0 < size <= MAX_MANIFEST:
+            return {}, None
+        data = b"".join(sized(self.inner.open_blob(digest), size, f"{where}: its config", HINT))
+        if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+            raise _hostile(where, f"its config does not match its digest {digest[:19]}…")
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            return {}, None
+        inner = doc.get("config") if isinstance(doc, dict) else None
+        labels = inner.get("Labels") if isinstance(inner, dict) else None
+        rootfs = doc.get("rootfs") if isinstance(doc, dict) else None
+        return (labels if isinstance(labels, dict) else {}), (rootfs.get("diff_ids") if isinstance(rootfs, dict)
+                                                               else None)
+
+    def _translate(self, where: str, got: FetchedManifest, layers: list[Any], path: str,
+                   manifest_digest: object = None, diff_ids: object = None) -> FetchedManifest:
+        """The artifact of the version an mreg image carries. Its layers are matched by position, as `image` lays
+        them out (a base's first, then one per file in the manifest's order, the manifest last), since a copy by
+        another tool keeps the layers and their order but not their annotations; each is held to the size and,
+        as it streams, the fixed tar header of its path."""
         raw = self._manifest_layer(where, layers[-1], path)
         try:
             m = Manifest.model_validate_json(raw)
@@ -113,18 +161,22 @@ class ImageReader:
             raise _hostile(where, f"its mreg manifest is not a valid manifest ({type(e).__name__})") from None
         if path != f"{ROOT}/{m.name}/{layout.MANIFEST}":
             raise _hostile(where, f"its mreg manifest is for {m.name}, at {path[:80]!r}")
-        by_path = {d["annotations"][media.MREG_PATH]: d for d in layers
-                   if isinstance(d, dict) and isinstance(d.get("annotations"), dict)
-                   and isinstance(d["annotations"].get(media.MREG_PATH), str)}
-        for art in m.artifacts:
-            for f in art.files:
-                p = f"{ROOT}/{m.name}/{art.path}/{f.path}"
-                d = by_path.get(p)
-                layer = TarLayer(p, tar_header(p, f.size), f.size)
-                if d is None or not isinstance(d.get("digest"), str) or not DIGEST.match(d["digest"]) \
-                        or d.get("size") != layer.size or d.get("mediaType") != media.TAR_LAYER:
-                    raise _hostile(where, f"no layer of the right size for {p[:80]!r}")
-                self._files[f"sha256:{f.sha256}"] = (d["digest"], layer.size, layer.header, f.size)
+        if manifest_digest is not None and manifest_digest != digest_of(raw):
+            raise _hostile(where, "its labels name another mreg manifest than the one it carries")
+        files = [(f"{ROOT}/{m.name}/{art.path}/{f.path}", f) for art in m.artifacts for f in art.files]
+        if len(layers) < len(files) + 1:
+            raise _hostile(where, f"{len(layers)} layers, fewer than the {len(files) + 1} of its version")
+        if diff_ids is not None:  # recognised by its labels: its layers must be the ones its config lists
+            _same_layers(where, diff_ids, layers[-1 - len(files):])
+        for (p, f), d in zip(files, layers[-1 - len(files):-1], strict=True):
+            layer = TarLayer(p, tar_header(p, f.size), f.size)
+            notes = d.get("annotations") if isinstance(d, dict) else None
+            named = notes.get(media.MREG_PATH, p) if isinstance(notes, dict) else p
+            if not isinstance(d, dict) or named != p or not isinstance(d.get("digest"), str) \
+                    or not DIGEST.match(d["digest"]) or d.get("size") != layer.size \
+                    or d.get("mediaType") not in media.TAR_LAYERS:
+                raise _hostile(where, f"no layer of the right size for {p[:80]!r}")
+            self._files[f"sha256:{f.sha256}"] = (d["digest"], layer.size, layer.header, f.size)
         packed = pack(m, raw)
         self._data |= {b.digest: b.data for b in packed.blobs if b.data is not None}
         return FetchedManifest(packed.manifest, media.OCI_MANIFEST, got.digest)
@@ -134,7 +186,7 @@ class ImageReader:
         if not isinstance(digest, str) or not DIGEST.match(digest) or not isinstance(size, int) \
                 or not 0 < size <= MAX_MANIFEST_LAYER:
             raise _hostile(where, "its mreg manifest layer has a bad digest or size")
-        data = b"".join(self.inner.open_blob(digest))
+        data = b"".join(sized(self.inner.open_blob(digest), size, f"{where}: its mreg manifest layer", HINT))
         if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
             raise _hostile(where, f"its mreg manifest layer does not match its digest {digest[:19]}…")
         try:
@@ -152,11 +204,10 @@ class ImageReader:
         layer_digest, size, header, file_size = self._files[digest]
         h, at, seen = hashlib.sha256(), 0, b""
         file_end = len(header) + file_size
-        for chunk in self.inner.open_blob(layer_digest):
+        for chunk in sized(self.inner.open_blob(layer_digest), size, f"{self.location}: layer {layer_digest[:19]}…",
+                           HINT):
             h.update(chunk)
             start, at = at, at + len(chunk)
-            if at > size:
-                raise _hostile(self.location, f"layer {layer_digest[:19]}… is longer than its descriptor")
             if start < len(header):
                 seen += chunk[:len(header) - start]
                 if not header.startswith(seen):
@@ -167,5 +218,5 @@ class ImageReader:
             tail = chunk[max(0, file_end - start):]
             if tail.count(0) != len(tail):
                 raise _hostile(self.location, f"layer {layer_digest[:19]}… has bytes after its file")
-        if at != size or f"sha256:{h.hexdigest()}" != layer_digest:
+        if f"sha256:{h.hexdigest()}" != layer_digest:
             raise _hostile(self.location, f"layer {layer_digest[:19]}… is corrupt (it does not match its digest)")

@@ -16,6 +16,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from registry.errors import IntegrityError, NotFound, StoreUnreachable, UsageError
+from registry.incoming import page_cap, stall_floor, unstalled
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -48,12 +49,14 @@ class Bucket:
 
         self.bucket, self.prefix = parse_url(url)
         self.location = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        self.floor = stall_floor()
         session = boto3.session.Session()
         self.s3: Any = session.client(
             "s3",
             endpoint_url=endpoint_url or None,
             region_name=session.region_name or "us-east-1",
             config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=32,
+                          read_timeout=self.floor.read_timeout,
                           request_checksum_calculation="when_required",
                           response_checksum_validation="when_required"),
         )
@@ -84,14 +87,23 @@ class Bucket:
         r = self._get_object(key, doing, missing_ok)
         if r is None:
             return None
+        return self._arrivals(r["Body"], doing), r["ETag"]
 
-        def chunks() -> Iterator[bytes]:
-            try:
-                yield from r["Body"].iter_chunks(BODY_CHUNK)
-            except BotoCoreError as e:
-                raise wrap_error(e, doing) from e
+    def _arrivals(self, body: Any, doing: str) -> Iterator[bytes]:
+        """A body's bytes as they arrive, held to the stall floor. One network read at a time (urllib3's `read1`):
+        botocore's own reads wait for a whole chunk, however slowly it comes."""
+        from urllib3.exceptions import HTTPError as TransportError
 
-        return chunks(), r["ETag"]
+        read1 = getattr(getattr(body, "_raw_stream", None), "read1", None)
+        reads = iter(lambda: read1(BODY_CHUNK), b"") if read1 is not None else body.iter_chunks(BODY_CHUNK)
+        try:
+            yield from unstalled(reads, doing, self.floor)
+        except (BotoCoreError, TransportError) as e:
+            body.close()
+            raise wrap_error(e, doing) from e
+        except BaseException:  # a stall, or the reader gave up: the connection is not left trickling
+            body.close()
+            raise
 
     def get(self, key: str) -> RemoteObject | None:
         """A small object (manifest, alias, lease) whole, or None when it does not exist."""
@@ -99,10 +111,7 @@ class Bucket:
         r = self._get_object(key, doing, missing_ok=True)
         if r is None:
             return None
-        try:
-            return RemoteObject(r["Body"].read(), r["ETag"])
-        except BotoCoreError as e:  # the connection dropped mid-body
-            raise wrap_error(e, doing) from e
+        return RemoteObject(b"".join(self._arrivals(r["Body"], doing)), r["ETag"])  # a dropped connection: one line
 
     def upload_file(self, path: Path, key: str, sha256: str, on_bytes: Callable[[int], None], *, part_size: int,
                     threshold: int) -> None:
@@ -162,7 +171,8 @@ class Bucket:
         if delimiter:
             kwargs["Delimiter"] = delimiter
         try:
-            for page in self.s3.get_paginator("list_objects_v2").paginate(**kwargs):
+            pages = self.s3.get_paginator("list_objects_v2").paginate(**kwargs)
+            for page in page_cap(pages, f"listing s3://{self.bucket}/{prefix}"):
                 if delimiter:
                     yield from page.get("CommonPrefixes", [])
                 else:
@@ -173,7 +183,8 @@ class Bucket:
     def multipart_uploads(self, prefix: str) -> Iterator[dict[str, Any]]:
         """Multipart uploads begun and neither completed nor aborted under a prefix, across pages."""
         try:
-            for page in self.s3.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix):
+            pages = self.s3.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix)
+            for page in page_cap(pages, f"listing multipart uploads under s3://{self.bucket}/{prefix}"):
                 yield from page.get("Uploads", [])
         except (ClientError, BotoCoreError) as e:
             raise wrap_error(e, f"listing multipart uploads under s3://{self.bucket}/{prefix}") from e

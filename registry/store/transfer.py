@@ -28,6 +28,7 @@ from manifests import AliasRecord, HistoryEntry, Manifest
 from registry import layout, provenance
 from registry.digest import sha256_file, write_hashed
 from registry.errors import Conflict, GateRefused, IntegrityError, NotFound, StoreUnreachable
+from registry.incoming import sized
 from registry.progress import NoProgress, Progress
 from registry.store.bucket import PreconditionFailed
 from registry.store.local import LocalStore
@@ -239,7 +240,7 @@ def _materialize(remote: S3Store, local: LocalStore, manifest: Manifest, raw: by
             def fetch(d: str) -> None:
                 first = wanted[d][0]
                 first.parent.mkdir(parents=True, exist_ok=True)
-                _download_verified(remote, d, first, progress, lock)
+                _download_verified(remote, d, sizes[d], first, progress, lock)
 
             parallel(workers, fetch, missing)
             progress.done()
@@ -251,7 +252,8 @@ def _materialize(remote: S3Store, local: LocalStore, manifest: Manifest, raw: by
     return len(missing), sum(sizes[d] for d in missing)
 
 
-def _download_verified(remote: S3Store, digest: str, dest: Path, progress: Progress, lock: threading.Lock) -> None:
+def _download_verified(remote: S3Store, digest: str, size: int, dest: Path, progress: Progress,
+                       lock: threading.Lock) -> None:
     opened = remote.open(remote.blob_key(digest), f"downloading blob {digest[:12]}… from {remote.location}")
     if opened is None:  # the server answered: the manifest names a blob the store does not hold
         raise IntegrityError(
@@ -263,7 +265,9 @@ def _download_verified(remote: S3Store, digest: str, dest: Path, progress: Progr
         with lock:
             progress.advance(n)
 
-    actual = write_hashed(dest, opened[0], advance)  # a dropped connection: one-line error, staging discarded
+    hint = f"re-push the version from a good copy, or run `mreg verify --store {remote.location}`"
+    body = sized(opened[0], size, f"{remote.location}: blob {digest[:12]}…", hint)  # never a byte past its size
+    actual = write_hashed(dest, body, advance)  # a dropped connection: one-line error, staging discarded
     if actual != digest:
         raise IntegrityError(
             f"{remote.location}: blob {digest[:12]}… is corrupt (its content hashes to {actual[:12]}…); "

@@ -295,26 +295,28 @@ def test_an_alias_record_that_disagrees_with_its_key_or_names_no_version_is_refu
 
 def test_a_download_cut_mid_body_exits_9_and_publishes_nothing(
         mreg: Any, model_dir: Path, remote_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The server sends the headers, then the connection drops in the middle of a blob's body."""
-    from botocore.exceptions import ResponseStreamingError
-    from botocore.response import StreamingBody
+    """The server sends the headers, then the connection drops in the middle of a blob's body (mreg reads a body
+    one network read at a time, urllib3's `read1`: the first read of a blob is the last)."""
+    from urllib3.exceptions import ProtocolError
+    from urllib3.response import HTTPResponse
 
     _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
-    real = StreamingBody.iter_chunks
+    real = HTTPResponse.read1
 
-    def cut(self: StreamingBody, chunk_size: int = 1024) -> Iterator[bytes]:
-        for chunk in real(self, chunk_size):
-            yield chunk[: len(chunk) // 2]
-            raise ResponseStreamingError(error="Connection broken: connection reset by peer")
+    def cut(self: HTTPResponse, amt: int | None = None) -> bytes:
+        chunk = real(self, amt)
+        if chunk and "/blobs/" in (self.url or ""):
+            raise ProtocolError("Connection broken: connection reset by peer")
+        return chunk
 
-    monkeypatch.setattr(StreamingBody, "iter_chunks", cut)
+    monkeypatch.setattr(HTTPResponse, "read1", cut)
     node = tmp_path / "node"
     r = mreg("sync", remote_url, "m", "--store", node, "--json")
     assert r.exit_code == 9 and "downloading blob" in r.json["error"]["message"], r.stdout
     assert "\n" not in r.json["error"]["message"] and r.json["error"]["hint"]
     assert LocalStore(node).versions("m") == [] and LocalStore(node).alias("m", "production") is None
     assert not [p for p in (node / "tmp").iterdir() if p.is_dir()], "the staging tree was discarded"
-    monkeypatch.setattr(StreamingBody, "iter_chunks", real)
+    monkeypatch.setattr(HTTPResponse, "read1", real)
     assert mreg("sync", remote_url, "m", "--store", node).exit_code == 0, "the next sync completes"
 
 
