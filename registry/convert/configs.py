@@ -3,7 +3,8 @@
 What vLLM, TGI, transformers and mreg's own converters read first: a config that is not JSON
 (or not UTF-8, or nested too deep for a parser), or JSON that is not an object, is
 `InvalidConfig` (exit 4) naming the file, before a converter reads anything else.
-safetensors headers are checked by `registry.convert.safetensors.read_header`.
+safetensors headers are checked by `registry.convert.safetensors.read_header`, shard indexes against
+their shards by `registry.convert.shards`.
 """
 
 from __future__ import annotations
@@ -38,10 +39,14 @@ def is_config(label: str) -> bool:
 
 
 def check_configs(files: Mapping[str, Path]) -> None:
-    """Every config of the snapshot (label -> path) is a JSON object; InvalidConfig names the first that is not."""
+    """Every config of the snapshot (label -> path) is a JSON object, InvalidConfig naming the first that is not;
+    then every shard index agrees with its shards (`registry.convert.shards`)."""
+    from registry.convert.shards import check_indexes  # it reads indexes with this module's reader
+
     for label, path in sorted(files.items()):
         if is_config(label):
             read_object(path, label)
+    check_indexes(files)
 
 
 def read_object(path: Path, label: str | None = None) -> dict[str, Any] | None:
