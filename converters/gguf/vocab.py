@@ -76,7 +76,6 @@ def _bpe(directory: Path, vocab_size: int) -> Vocab:
     ):
         raise UnsupportedTokenizer("tokenizer.json is not a byte-level BPE tokenizer",
                                    hint="supported: byte-level BPE tokenizer.json, or a SentencePiece tokenizer.model")
-    detected = detect(directory, doc)
     vocab_map, added_tokens = model.get("vocab"), doc.get("added_tokens") or []
     if not isinstance(vocab_map, dict) or not isinstance(added_tokens, list):
         raise InvalidConfig("tokenizer.json", "has no vocab object or no added_tokens list")
@@ -93,6 +92,7 @@ def _bpe(directory: Path, vocab_size: int) -> Vocab:
         special = added.get("special") or _looks_special(text)
         by_id[_token_id(added.get("id"), text, limit)] = (text, CONTROL if special else USER_DEFINED)
     size = max(vocab_size, max(by_id, default=-1) + 1)
+    detected = detect(directory, doc)  # after the ids are bounded: it may hand the file to the tokenizers library
     tokens = [by_id.get(i, (f"[PAD{i}]", UNUSED))[0] for i in range(size)]
     types = [by_id.get(i, ("", UNUSED))[1] for i in range(size)]
     vocab = Vocab(model="gpt2", pre=detected.name, tokens=tokens, types=types, pre_detected=detected)
