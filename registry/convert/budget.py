@@ -21,6 +21,7 @@ import contextlib
 import contextvars
 import operator
 import re
+import string
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,10 +41,12 @@ MAX_TEXT = 16 << 20
 #: a few dozen); it also bounds numbers inside format strings.
 MAX_WIDTH = 1 << 16
 #: Filters whose numeric arguments size their result.
-_SIZING_FILTERS = frozenset({"center", "indent", "tojson", "wordwrap", "format", "batch", "slice"})
+_SIZING_FILTERS = frozenset({"center", "indent", "tojson", "wordwrap", "batch", "slice"})
 #: str methods whose numeric arguments size their result.
-_SIZING_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "format", "format_map"})
-_FORMAT_WIDTH = re.compile(r"\d{6,}")
+_SIZING_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs"})
+_DIGITS = re.compile(r"\d+")
+#: A printf-style conversion's width and precision (`%-10.3f`, `%*s`, `%(name)5d`); `%%` has neither.
+_PERCENT = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(\*|\d*)(?:\.(\*|\d*))?[a-zA-Z%]")
 
 
 class Exceeded(Exception):
@@ -124,12 +127,31 @@ def check_width(number: Any, what: str) -> None:
         raise Exceeded(f"asked for a width of {number:g} in {what}, past {MAX_WIDTH}")
 
 
-def check_format(text: Any, what: str) -> None:
-    """Exceeded for a format string with a width or precision past MAX_WIDTH (`'{:>99999999}'`, `'%99999999s'`)."""
-    if isinstance(text, str):
-        for digits in _FORMAT_WIDTH.findall(text):
-            if int(digits) > MAX_WIDTH and ("%" in text or "{" in text):
-                raise Exceeded(f"asked for a width of {digits} in {what}, past {MAX_WIDTH}")
+def check_format(text: Any, args: Any, what: str) -> None:
+    """Exceeded for a format string whose width or precision passes MAX_WIDTH (`'{:>99999999}'`, `'%99999999s'`),
+    or takes one from its arguments (`'%*s'`, `'{:{}}'`) that does; plain numbers formatted are no widths."""
+    if not isinstance(text, str):
+        return
+    widths: list[str] = []
+    from_args = False
+    if "{" in text:
+        try:
+            for _literal, _field, spec, _conversion in string.Formatter().parse(text):
+                widths += _DIGITS.findall(spec or "")
+                from_args = from_args or "{" in (spec or "")
+        except ValueError:  # not a format string: str.format raises that itself
+            pass
+    if "%" in text:
+        for width, precision in _PERCENT.findall(text):
+            widths += [w for w in (width, precision) if w != "*"]
+            from_args = from_args or "*" in (width, precision)
+    for digits in widths:
+        if digits and len(digits) > 5 and int(digits) > MAX_WIDTH:
+            raise Exceeded(f"asked for a width of {digits} in {what}, past {MAX_WIDTH}")
+    if from_args:
+        values = args.values() if isinstance(args, dict) else args if isinstance(args, tuple | list) else (args,)
+        for value in values:
+            check_width(value, what)
 
 
 def binop(op: str, left: Any, right: Any) -> Any:
@@ -147,9 +169,7 @@ def binop(op: str, left: Any, right: Any) -> Any:
         if abs(right) > 1024 and abs(left) > 1:  # an exponent that size only makes a number of thousands of digits
             raise Exceeded(f"raised a number to the power {right:g}")
     elif op == "%" and isinstance(left, str):
-        check_format(left, "a % format")
-        for arg in right if isinstance(right, tuple) else (right,):
-            check_width(arg, "a % format")
+        check_format(left, right, "a % format")
     return _BINOPS[op](left, right)
 
 
@@ -165,13 +185,14 @@ def before_call(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None
     name = getattr(obj, "__name__", "")
     owner = getattr(obj, "__self__", None)
     if isinstance(owner, str) or name in ("format", "format_map"):
-        if name in _SIZING_METHODS:
+        if name in ("format", "format_map"):
+            # the sandbox hands out str.format as a wrapper of the bound method: the string is its __self__
+            text = owner if isinstance(owner, str) else getattr(getattr(obj, "__wrapped__", None), "__self__", None)
+            check_format(text, (*args, *kwargs.values(), *(args[0].values() if name == "format_map" and args
+                                                           and isinstance(args[0], dict) else ())), "str.format")
+        elif name in _SIZING_METHODS:
             for a in (*args, *kwargs.values()):
                 check_width(a, f"str.{name}")
-            if name in ("format", "format_map"):
-                # the sandbox hands out str.format as a wrapper of the bound method: the string is its __self__
-                text = owner if isinstance(owner, str) else getattr(getattr(obj, "__wrapped__", None), "__self__", None)
-                check_format(text, "str.format")
         elif name == "join" and args and isinstance(owner, str):
             _check_join(owner, args[0])
         elif name == "replace" and len(args) >= 2 and isinstance(owner, str):
@@ -199,8 +220,8 @@ def guard_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         if name in _SIZING_FILTERS:
             for a in (*values[1:], *kwargs.values()):
                 check_width(a, f"the {name} filter")
-            if name == "format" and values:
-                check_format(values[0], "the format filter")
+        if name == "format" and values:
+            check_format(values[0], (*values[1:], *kwargs.values()), "the format filter")
         if name == "join" and values:
             _check_join(kwargs.get("d", values[1] if len(values) > 1 else ""), values[0])
         if name == "replace" and len(values) >= 3:

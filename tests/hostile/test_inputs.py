@@ -349,3 +349,18 @@ def test_hf_runtime_refuses_a_runaway_template_before_transformers(world: World,
     session.tokenizer.chat_template = TEMPLATES[0][1]
     with pytest.raises(chat.BudgetExceeded, match="time budget"):
         session.render_chat(MESSAGES)
+
+
+def test_numbers_formatted_are_no_widths() -> None:
+    """A large number printed through a format, `%` or a filter is output, not a width: it renders."""
+    template = ("{{ '{} tokens, {:>5}'.format(1700000000, 'x') }} {{ '%d/%s' % (1700000000, 'y') }} "
+                "{{ '%s'|format(1700000000) }} {{ 'limit 1000000 {}'.format(2) }} {{ '%%d %d' % 3 }}")
+    assert chat.render(template, MESSAGES) == "1700000000 tokens,     x 1700000000/y 1700000000 limit 1000000 2 %d 3"
+
+
+@pytest.mark.parametrize("template", ["{{ '{:{}}'.format('x', 10**10) }}", "{{ '%*s' % (10**10, 'x') }}",
+                                      "{{ '%*s'|format(10**10, 'x') }}", "{{ '%(a)99999999s' % {'a': 1} }}"])
+def test_widths_taken_from_arguments_are_bounded(template: str) -> None:
+    """A width a format takes from its arguments is one."""
+    with pytest.raises(chat.BudgetExceeded, match="width"):
+        chat.render(template, MESSAGES)
