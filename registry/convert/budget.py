@@ -278,7 +278,7 @@ class Rewrite(jinja2.visitor.NodeTransformer):
     def __init__(self, identifier: str) -> None:
         self.identifier = identifier
 
-    def _call(self, method: str, args: list[jinja2.nodes.Expr], lineno: int) -> jinja2.nodes.Call:
+    def _call(self, method: str, args: list[Any], lineno: int) -> jinja2.nodes.Call:
         call = jinja2.nodes.Call(jinja2.nodes.ExtensionAttribute(self.identifier, method), args, [], None, None)
         call.set_lineno(lineno)
         return call

@@ -90,7 +90,7 @@ def _parse(name: Path | str, raw: bytes) -> dict[str, Any]:
             json.dumps(header, ensure_ascii=False).encode("utf-8")  # a lone surrogate escape (\ud800) fails here
     except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
         raise InvalidSafetensors(name, f"the header is not JSON ({str(e) or type(e).__name__})") from None
-    if not isinstance(header, dict):
+    if not isinstance(header, _Object):
         raise InvalidSafetensors(name, "the header is not a JSON object")
     if _depth(header) > MAX_DEPTH:
         raise InvalidSafetensors(name, f"the header nests deeper than {MAX_DEPTH} levels")
