@@ -119,6 +119,22 @@ def _added_id(value: Any) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+# -- chat templates (severe 8), through `mreg check` ------------------------------------------------------------
+
+
+def _check_with_template(template: str) -> Setup:
+    """Version 1 published --to hf with `template` as its chat template, and a golden set with one chat case."""
+    def setup(w: World) -> Sequence[str | Path]:
+        path = w.src / "tokenizer_config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "chat_template": template}))
+        w.publish()
+        golden = w.root / "golden.jsonl"
+        golden.write_text(json.dumps({"id": "greeting", "messages": [{"role": "user", "content": "hi"}],
+                                      "max_new_tokens": 2}) + "\n")
+        return ["check", "m@1", "--golden", golden]
+    return setup
+
+
 CASES: list[Case] = [
     *(Case(f"shard index: {what} --to {t}", _index(change, t), code, error, (says,))
       for what, change, code, error, says in INDEX_DAMAGE for t in ("hf", "gguf:F16")),
@@ -133,6 +149,8 @@ CASES: list[Case] = [
          ("tokenizer.json",)),
     Case("tokenizer.json vocab id negative --to gguf", _tokenizer(_vocab_id(-1)), 4, "InvalidConfig",
          ("tokenizer.json",)),
+    Case("chat template 'x'*10**10: check", _check_with_template("{{ 'x'*10**10 }}"), 2, "UsageError",
+         ("case 'greeting'", "the chat template repeated a value")),
 ]
 
 
