@@ -153,3 +153,38 @@ def _short(text: object) -> str:
     """A name from the index for an error line: quoted, escaped, and cut to a readable length."""
     shown = repr(text)
     return shown if len(shown) <= 80 else shown[:79] + "…"
+
+
+#: config.json fields that count layers: each layer holds at least one tensor, so none exceeds the tensors stored.
+LAYER_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+#: config.json fields that give a width: each is a dimension of some stored tensor (an embedding's rows, a
+#: projection's columns), so none exceeds the largest dimension stored.
+WIDTH_FIELDS = ("hidden_size", "n_embd", "d_model", "intermediate_size", "vocab_size", "num_attention_heads",
+                "num_key_value_heads", "head_dim")
+
+
+def check_sizes(files: Mapping[str, Path]) -> None:
+    """The sizes each config.json gives (and its nested text or vision config) bounded by the safetensors beside it,
+    before a loader builds a model from them: layers by the tensors stored, widths by the largest dimension stored.
+
+    transformers, vLLM and the ONNX export build every layer the config names before any weight is read; a config
+    of 10**9 layers beside two layers of weights would exhaust memory there. InvalidConfig names the field.
+    """
+    for label in sorted(files):
+        if posixpath.basename(label) != "config.json":
+            continue
+        folder = posixpath.dirname(label)
+        shards = [s for s in files if s.endswith(".safetensors") and posixpath.dirname(s) == folder]
+        config = read_object(files[label], label)
+        if not shards or config is None:
+            continue
+        headers = [read_header(files[s], s) for s in sorted(shards)]
+        tensors = sum(len(h) for h in headers)
+        widest = max((d for h in headers for e in h.values() for d in e.shape), default=0)
+        limits = [*((f, tensors, f"its weights hold {tensors} tensors") for f in LAYER_FIELDS),
+                  *((f, widest, f"no tensor of its weights is wider than {widest}") for f in WIDTH_FIELDS)]
+        for part in [config, *(v for v in config.values() if isinstance(v, dict))]:
+            for field, bound, fact in limits:
+                value = part.get(field)
+                if isinstance(value, int) and not isinstance(value, bool) and value > bound:
+                    raise InvalidConfig(label, f"gives {field} = {value}, but {fact}")
