@@ -89,7 +89,9 @@ class ShardIndexMismatch(IntegrityError):
 
     def __init__(self, label: str, problems: list[str]) -> None:
         more = f" (and {len(problems) - _SHOWN} more)" if len(problems) > _SHOWN else ""
-        super().__init__(f"{label} disagrees with its shards: {'; '.join(problems[:_SHOWN])}{more}",
+        shown = "; ".join(problems[:_SHOWN])
+        shown = shown if len(shown) <= 300 else shown[:299] + "…"  # one line a person reads
+        super().__init__(f"{label} disagrees with its shards: {shown}{more}",
                          hint="an engine that follows this index would fail or load the wrong tensors: fetch the "
                               "checkpoint again from its source, or fix the index there; nothing was published")
 
@@ -116,7 +118,7 @@ def check_index(label: str, files: Mapping[str, Path]) -> None:
     problems: list[str] = []
     holders: dict[str, str] = {}
     for shard in sorted(set(shard_of.values())):
-        if shard not in files:
+        if shard not in files:  # named once here; its tensors are not judged
             problems.append(f"shard {_short(shard)} is not in the snapshot")
             continue
         for tensor in read_header(files[shard], shard):
