@@ -10,7 +10,8 @@ already started threads), so the work is bounded where the sandbox hands mreg co
 - size: a value may not grow past `MAX_TEXT` (string and list repetition, `+`, `~`, `join`,
   `replace`, `%` and `format` checked before they allocate, every filter's result after), numbers that
   size an allocation (`'x'.ljust(n)`, `center`, `indent`, `tojson(indent=…)`, a format width) may
-  not pass `MAX_WIDTH`, and the rendered text may not pass `MAX_TEXT`.
+  not pass `MAX_WIDTH`, and the text a render writes, emitted or captured in a `{% set %}` block or a
+  macro, may not pass `MAX_TEXT` in all.
 
 `Exceeded` says which budget ran out; the renderer turns it into one line.
 """
@@ -70,7 +71,7 @@ class Budget:
         """Count a piece of output against the size budget."""
         self.written += len(piece)
         if self.written > MAX_TEXT:
-            raise Exceeded(f"made more than {MAX_TEXT} characters of prompt")
+            raise Exceeded(f"wrote more than {MAX_TEXT} characters")
 
 
 _CURRENT: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("mreg_chat_budget", default=None)
@@ -271,9 +272,19 @@ class Guard(jinja2.ext.Extension):
         """`~`, bounded."""
         return _concat(*items)
 
+    def out(self, value: Any) -> str:
+        """A piece of output, counted against the size budget whether it is emitted or captured (`{% set %}` blocks,
+        macros and `caller()` build their text in memory before anything is emitted)."""
+        text = str(value)
+        budget = _CURRENT.get()
+        if budget is not None:
+            budget.wrote(text)
+        return text
+
 
 class Rewrite(jinja2.visitor.NodeTransformer):
-    """A template's syntax tree with every loop's iterable and every `~` passed through `Guard`."""
+    """A template's syntax tree with every loop's iterable, every `~` and every piece of output passed through
+    `Guard`."""
 
     def __init__(self, identifier: str) -> None:
         self.identifier = identifier
@@ -287,6 +298,12 @@ class Rewrite(jinja2.visitor.NodeTransformer):
         """The loop's iterable through `Guard.loop`."""
         self.generic_visit(node)
         node.iter = self._call("loop", [node.iter], node.lineno)
+        return node
+
+    def visit_Output(self, node: jinja2.nodes.Output) -> jinja2.nodes.Node:
+        """Every piece of output through `Guard.out`."""
+        self.generic_visit(node)
+        node.nodes = [self._call("out", [n], n.lineno or node.lineno) for n in node.nodes]
         return node
 
     def visit_Concat(self, node: jinja2.nodes.Concat) -> jinja2.nodes.Node:

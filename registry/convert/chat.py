@@ -67,8 +67,7 @@ def render(template: str, messages: Sequence[Mapping[str, Any]], *, tools: Seque
     pieces: list[str] = []
     try:
         with budget.spending() as spent:
-            for piece in compiled.generate(**variables):  # piece by piece: the output budget holds as it grows
-                spent.wrote(piece)
+            for piece in compiled.generate(**variables):  # every piece was counted as it was written (budget.Guard)
                 spent.tick()
                 pieces.append(piece)
     except Exception as e:  # a template is a program from the model's repository: all it raises is its refusal

@@ -332,7 +332,11 @@ TEMPLATES: list[tuple[str, str, str]] = [
     ("a join past the budget", "{{ (['x'*1000000]*20)|join }}", "repeated a value"),
     ("a replace past the budget", "{{ ('a'*1000000)|replace('a', 'b'*100) }}", "replaced text"),
     ("a huge power", "{{ 2**(10**9) }}", "power"),
-    ("output past the budget", "{% for i in range(99999) %}{{ 'x'*1000 }}{% endfor %}", "characters of prompt"),
+    ("output past the budget", "{% for i in range(99999) %}{{ 'x'*1000 }}{% endfor %}", "wrote more than"),
+    ("output captured past the budget", "{% set big %}{% for i in range(99999) %}{% for j in range(99999) %}"
+                                        + "y" * 1000 + "{% endfor %}{% endfor %}{% endset %}", "wrote more than"),
+    ("a macro's output past the budget", "{% macro m() %}{% for i in range(99999) %}" + "z" * 1000
+                                         + "{% endfor %}{% endmacro %}{% set s = m() %}", "wrote more than"),
 ]
 
 
