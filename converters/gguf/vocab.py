@@ -17,7 +17,7 @@ from typing import Any
 
 from converters.gguf.pretokenizer import Detected, detect
 from converters.gguf.special import Special, read_special
-from registry.convert.configs import read_object
+from registry.convert.configs import InvalidConfig, read_object
 from registry.errors import UsageError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -76,13 +76,23 @@ def _bpe(directory: Path, vocab_size: int) -> Vocab:
     ):
         raise UnsupportedTokenizer("tokenizer.json is not a byte-level BPE tokenizer",
                                    hint="supported: byte-level BPE tokenizer.json, or a SentencePiece tokenizer.model")
-    detected = detect(directory, doc)
-    by_id: dict[int, tuple[str, int]] = {i: (t, NORMAL) for t, i in model["vocab"].items()}
-    for added in doc.get("added_tokens", []):
+    vocab_map, added_tokens = model.get("vocab"), doc.get("added_tokens") or []
+    if not isinstance(vocab_map, dict) or not isinstance(added_tokens, list):
+        raise InvalidConfig("tokenizer.json", "has no vocab object or no added_tokens list")
+    # Every id is bounded before a list is sized by it: the vocabulary holds `vocab_size` rows (config.json,
+    # checked against the embedding's rows) or as many tokens as the file lists, whichever is more; an id past
+    # that names a row no weight holds, and would size the token lists from a number (10**12: 21.8 GB).
+    limit = max(vocab_size, len(vocab_map) + len(added_tokens))
+    by_id: dict[int, tuple[str, int]] = {_token_id(i, t, limit): (t, NORMAL) for t, i in vocab_map.items()}
+    for added in added_tokens:
+        if not isinstance(added, dict) or not isinstance(added.get("content"), str):
+            raise InvalidConfig("tokenizer.json", f"has an added token that is not an id with a content: "
+                                                  f"{str(added)[:80]!r}")
         text = added["content"]
         special = added.get("special") or _looks_special(text)
-        by_id[added["id"]] = (text, CONTROL if special else USER_DEFINED)
-    size = max(vocab_size, max(by_id) + 1)
+        by_id[_token_id(added.get("id"), text, limit)] = (text, CONTROL if special else USER_DEFINED)
+    size = max(vocab_size, max(by_id, default=-1) + 1)
+    detected = detect(directory, doc)  # after the ids are bounded: it may hand the file to the tokenizers library
     tokens = [by_id.get(i, (f"[PAD{i}]", UNUSED))[0] for i in range(size)]
     types = [by_id.get(i, ("", UNUSED))[1] for i in range(size)]
     vocab = Vocab(model="gpt2", pre=detected.name, tokens=tokens, types=types, pre_detected=detected)
@@ -90,6 +100,14 @@ def _bpe(directory: Path, vocab_size: int) -> Vocab:
     if not vocab.special.merges:
         raise UnsupportedTokenizer("tokenizer.json has no merges", hint="a BPE tokenizer needs its merges")
     return vocab
+
+
+def _token_id(value: object, text: str, limit: int) -> int:
+    """A token id of tokenizer.json, or InvalidConfig when it is not a whole number below `limit`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
+        raise InvalidConfig("tokenizer.json", f"gives token {text[:40]!r} the id {str(value)[:40]}, not one of the "
+                                              f"{limit} ids of its vocabulary")
+    return value
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -191,7 +209,9 @@ def _sentencepiece(directory: Path, vocab_size: int) -> Vocab:
         raise UnsupportedTokenizer("tokenizer_config.json's added_tokens_decoder is not an object",
                                    hint="re-pull the repository")
     for key, data in decoder.items():
-        if not key.isdigit() or not isinstance(data, dict) or not isinstance(data.get("content"), str):
+        # ASCII digits only, and few of them: int() takes "²" or 5,000 digits only to fail or to build a huge number.
+        if not (key.isascii() and key.isdigit() and len(key) <= 18) or not isinstance(data, dict) \
+                or not isinstance(data.get("content"), str):
             raise UnsupportedTokenizer(f"tokenizer_config.json's added token {key!r} is not an id with a content",
                                        hint="re-pull the repository")
         tid = int(key)

@@ -26,7 +26,8 @@ class HFConverter(ConverterBase):
     #: Part of the conversion key: raised when what a conversion checks changes, so older results are made again.
     #: 2: every float tensor read for NaN/Inf; safetensors headers and JSON configs must parse.
     #: 3: the weights' bytes are recorded (serving-memory plans).
-    version: ClassVar[str] = "3"
+    #: 4: shard indexes agree with their shards; config sizes bounded by the weights; headers as the loaders read them.
+    version: ClassVar[str] = "4"
 
     def options(self, raw: RawOptions) -> Options:
         """The identity format takes no options."""
@@ -43,10 +44,11 @@ class HFConverter(ConverterBase):
         safetensors header and JSON config must parse (else an IntegrityError naming the file, before anything is
         placed), and no floating-point safetensors tensor may hold NaN or Inf."""
         from converters.hf import weights
-        from registry.convert.configs import check_configs
+        from registry.convert.configs import check_configs, check_sizes
 
         sources = {f.path: request.source_files(f.path) for f in request.source.files}
         check_configs(sources)
+        check_sizes(sources)  # no engine could build the model its config describes from these weights
         found = weights.scan({label: path for label, path in sources.items() if label.endswith(".safetensors")})
         known: dict[str, str] = {}
         mismatched: list[str] = []

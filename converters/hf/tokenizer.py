@@ -49,8 +49,22 @@ class HFTokenizerSession:
         """
         from registry.convert import chat
 
-        if not getattr(self.tokenizer, "chat_template", None):
+        template = getattr(self.tokenizer, "chat_template", None)
+        if not template:
             raise UsageError("this model has no chat template", hint="use `prompt` instead of `messages` in the case")
+        if isinstance(template, dict):  # named templates: transformers takes `tool_use` for tools, else `default`
+            template = template.get("tool_use" if tools is not None else "default") or template.get("default")
+        if isinstance(template, str):
+            # transformers' render has no time or size budget: mreg's copy renders first under one, and a template
+            # that runs past it is refused before transformers runs it (any other refusal is transformers' to make).
+            special = {n: getattr(self.tokenizer, n, None) for n in chat.SPECIAL_TOKEN_NAMES}
+            try:
+                chat.render(template, messages, tools=tools, add_generation_prompt=True,
+                            special_tokens={n: v for n, v in special.items() if isinstance(v, str)})
+            except chat.BudgetExceeded:
+                raise
+            except UsageError:
+                pass
         try:
             text: str = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                            add_generation_prompt=True)

@@ -179,9 +179,14 @@ class ONNXConverter(ConverterBase):
         from converters.onnx import graph as files
         from converters.onnx import memory, upcast
         from converters.onnx import verify as onnx_verify
+        from registry.convert.configs import check_configs, check_sizes
         from registry.convert.safetensors import read_header
 
         opts = request.options
+        # transformers follows the shard index: it must name the snapshot's own shards and agree with them.
+        sources = {f.path: request.source_files(f.path) for f in request.source.files}
+        check_configs(sources)
+        check_sizes(sources)  # transformers builds every layer the config names before it reads a weight
         config = ex.read_config(directory)
         task = ex.classify(config)
         if opts["with_past"] and task != "text-generation":

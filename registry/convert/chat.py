@@ -36,6 +36,7 @@ import jinja2.runtime
 import jinja2.sandbox
 import jinja2.utils
 
+from registry.convert import budget
 from registry.errors import UsageError
 
 #: transformers' named special tokens (`SPECIAL_TOKENS_ATTRIBUTES`), the ones it passes to every template.
@@ -63,18 +64,27 @@ def render(template: str, messages: Sequence[Mapping[str, Any]], *, tools: Seque
                      tools=None if tools is None else _plain(list(tools)),
                      documents=None if documents is None else _plain(list(documents)),
                      add_generation_prompt=add_generation_prompt)
+    pieces: list[str] = []
     try:
-        text: str = compiled.render(**variables)
+        with budget.spending() as spent:
+            for piece in compiled.generate(**variables):  # every piece was counted as it was written (budget.Guard)
+                spent.tick()
+                pieces.append(piece)
     except Exception as e:  # a template is a program from the model's repository: all it raises is its refusal
         # of this input (TemplateError, TypeError, KeyError...), reported as one line, never a traceback.
         raise failure(e) from e
-    return text
+    return "".join(pieces)
 
 
 def failure(error: BaseException) -> UsageError:
     """One UsageError line for what rendering a chat template raised (here or in transformers)."""
     said = " ".join(str(error).split())
     said = said if len(said) <= 300 else said[:299] + "…"
+    if isinstance(error, budget.Exceeded):
+        return BudgetExceeded(f"the chat template {said}",
+                              hint=f"a chat template may take {budget.TIME_BUDGET:g} s and make {budget.MAX_TEXT} "
+                                   "characters: fix the model's chat template, or give the case a `prompt` instead "
+                                   "of `messages`")
     if type(error) is jinja2.TemplateError:  # what raise_exception raises, in transformers and here
         return UsageError(f"the chat template refuses this conversation: {said}", hint=_HINT)
     if isinstance(error, jinja2.TemplateSyntaxError):
@@ -82,6 +92,10 @@ def failure(error: BaseException) -> UsageError:
                           hint="fix chat_template in the model's tokenizer_config.json or chat_template.jinja, "
                                "then convert again; or give the case a `prompt` instead of `messages`")
     return UsageError(f"the chat template fails on this conversation: {type(error).__name__}: {said}", hint=_HINT)
+
+
+class BudgetExceeded(UsageError):
+    """A chat template ran past its time or size budget (`registry.convert.budget`)."""
 
 
 @functools.lru_cache(maxsize=32)
@@ -96,12 +110,44 @@ def compile_template(template: str) -> jinja2.Template:
 @functools.cache
 def _environment() -> jinja2.Environment:
     """transformers' sandboxed chat-template environment, with its filter and globals."""
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
+    env = _BoundedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols, budget.Guard])
     env.filters["tojson"] = _tojson
+    env.filters.update({name: budget.guard_filter(name, f) for name, f in env.filters.items()})
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_TemplateDict(),
                        namespace=_TemplateNamespace)
     return env
+
+
+class _BoundedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with every loop, call, lookup and growing operator under the render's budget."""
+
+    intercepted_binops = budget.INTERCEPTED
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> jinja2.nodes.Template:
+        tree = super()._parse(source, name, filename)
+        rewritten: jinja2.nodes.Template = budget.Rewrite(budget.Guard.identifier).visit(tree)
+        return rewritten
+
+    def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
+        """`*`, `+`, `**` and `%`, their results' sizes known before they are made."""
+        return budget.binop(operator, left, right)
+
+    def call(self, context: jinja2.runtime.Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """A call from the template (positional-only: a template may pass `obj` or `context` as keywords): the clock
+        looked at, a sizing argument bounded."""
+        budget.before_call(obj, args, kwargs)
+        return super().call(context, obj, *args, **kwargs)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        """`a.b`, the clock looked at."""
+        budget.tick()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        """`a[b]`, the clock looked at."""
+        budget.tick()
+        return super().getitem(obj, argument)
 
 
 def _raise_exception(message: str) -> None:

@@ -36,39 +36,45 @@ def _int(config: dict[str, Any], *keys: str) -> int | None:
     return None
 
 
-def _layer_kinds(text: dict[str, Any], layers: int, notes: list[str]) -> tuple[list[str], int | None]:
-    """Each layer as `full`, `window` or `none`, and the window (tokens) of the `window` ones."""
+def _layer_kinds(text: dict[str, Any], layers: int, notes: list[str]) -> tuple[dict[str, int], int | None]:
+    """How many layers are `full`, `window` or `none`, and the window (tokens) of the `window` ones.
+
+    Counted by arithmetic, never by a list per layer: `num_hidden_layers` is a number from the config, and a
+    config that says 10**9 must cost no memory (a list of layer kinds took 7.9 GB before it was published).
+    """
     window = _int(text, "sliding_window", "attention_chunk_size")
     kinds_in = text.get("layer_types")
     mtype = str(text.get("model_type", ""))
     if isinstance(kinds_in, list) and len(kinds_in) == layers and all(isinstance(k, str) for k in kinds_in):
-        kinds = ["full" if k in FULL else "window" if k in WINDOW else "none" for k in kinds_in]
+        # The list is the config's own (its length bounded by the file), not one made from a number.
+        full, windowed = sum(k in FULL for k in kinds_in), sum(k in WINDOW for k in kinds_in)
+        counts = {"full": full, "window": windowed, "none": layers - full - windowed}
         if "chunked_attention" in kinds_in:
             window = _int(text, "attention_chunk_size") or window
             notes.append("chunked-attention layers counted as windows of attention_chunk_size tokens")
     elif _int(text, "full_attention_interval") or "linear_num_value_heads" in text:
         # Qwen3-Next / Qwen3.5: one full-attention layer every `full_attention_interval` (transformers' default 4)
         every = _int(text, "full_attention_interval") or 4
-        kinds = ["full" if (i + 1) % every == 0 else "none" for i in range(layers)]
-    elif mtype.startswith("gemma2"):
-        kinds = ["window" if i % 2 == 0 else "full" for i in range(layers)]
-    elif mtype.startswith("gemma3"):
+        counts = {"full": layers // every, "window": 0, "none": layers - layers // every}
+    elif mtype.startswith("gemma2"):  # even layers slide, odd ones attend fully
+        counts = {"full": layers // 2, "window": layers - layers // 2, "none": 0}
+    elif mtype.startswith("gemma3"):  # every `sliding_window_pattern`-th layer attends fully
         pattern = _int(text, "sliding_window_pattern") or 6
-        kinds = ["window" if (i + 1) % pattern else "full" for i in range(layers)]
+        counts = {"full": layers // pattern, "window": layers - layers // pattern, "none": 0}
     elif text.get("use_sliding_window") is False or window is None:
-        kinds = ["full"] * layers
+        counts = {"full": layers, "window": 0, "none": 0}
     elif "max_window_layers" in text and isinstance(text.get("max_window_layers"), int):
-        first = int(text["max_window_layers"])
-        kinds = ["window" if i >= first else "full" for i in range(layers)]
+        first = min(max(int(text["max_window_layers"]), 0), layers)  # layers from `first` on slide
+        counts = {"full": first, "window": layers - first, "none": 0}
     else:
-        kinds = ["window"] * layers  # Mistral: every layer slides
-    if "window" in kinds and window is None:
-        kinds = ["full" if k == "window" else k for k in kinds]
+        counts = {"full": 0, "window": layers, "none": 0}  # Mistral: every layer slides
+    if counts["window"] and window is None:
+        counts = {**counts, "full": counts["full"] + counts["window"], "window": 0}
         notes.append("sliding-window layers without a window size counted as full attention")
-    if "none" in kinds:
-        notes.append(f"{kinds.count('none')} linear-attention or state-space layers hold a fixed-size state, "
+    if counts["none"]:
+        notes.append(f"{counts['none']} linear-attention or state-space layers hold a fixed-size state, "
                      "not counted per token")
-    return kinds, window
+    return counts, window
 
 
 def kv_cache_of(config: dict[str, Any]) -> KVCache | None:
@@ -98,8 +104,8 @@ def kv_cache_of(config: dict[str, Any]) -> KVCache | None:
             return None
         elements = kv_heads * head_dim * 2
         attention = "mha"
-    kinds, window = _layer_kinds(text, layers, notes)
-    full, windowed = kinds.count("full"), kinds.count("window")
+    counts, window = _layer_kinds(text, layers, notes)
+    full, windowed = counts["full"], counts["window"]
 
     def per_token(count: int) -> dict[str, int]:
         return {d: math.ceil(count * elements * b) for d, b in DTYPE_BYTES.items()} if count else {}
@@ -108,7 +114,7 @@ def kv_cache_of(config: dict[str, Any]) -> KVCache | None:
         bytes_per_token=per_token(full) or dict.fromkeys(DTYPE_BYTES, 0),
         window_bytes_per_token=per_token(windowed),
         sliding_window=window if windowed else None,
-        layers=layers, full_layers=full, window_layers=windowed, uncached_layers=kinds.count("none"),
+        layers=layers, full_layers=full, window_layers=windowed, uncached_layers=counts["none"],
         attention=attention,
         kv_heads=kv_heads if attention == "mha" else 1, head_dim=head_dim if attention == "mha" else elements,
         notes=tuple(notes),
