@@ -27,6 +27,7 @@ from registry.digest import file_chunks, sha256_file, write_hashed
 from registry.errors import Conflict, IntegrityError, ModelNotFound, UsageError, VersionNotFound
 from registry.progress import Progress
 from registry.refs import Ref
+from registry.store import entries
 from registry.store.protocol import AliasDecision, Version, first_of, manifest_bytes, read_manifest, resolve_ref
 from registry.store.staging import Staging
 
@@ -55,7 +56,7 @@ class LocalStore:
     def versions(self, name: str) -> list[int]:
         """Published version numbers of a model, ascending; IntegrityError naming an entry of `versions/` that is
         not a version mreg wrote (a reader given a wrong list would answer for the wrong version)."""
-        published, _taken, strays = self._scan_versions(name)
+        published, _taken, strays = entries.scan_versions(self.root, name)
         if strays:
             raise first_of(strays)
         return published
@@ -67,90 +68,14 @@ class LocalStore:
             atomic.require_no_link(self.root, layout.model_dir(self.root, name), f"model {name}")
         except IntegrityError as e:
             return [], [e]
-        published, _taken, strays = self._scan_versions(name)
-        records = [e for kind in (layout.SIGNATURES, layout.CHECKS) for e in self.record_strays(name, kind)]
-        return published, self.model_strays(name) + strays + records
+        published, _taken, strays = entries.scan_versions(self.root, name)
+        records = [e for kind in (layout.SIGNATURES, layout.CHECKS)
+                   for e in entries.record_strays(self.root, name, kind)]
+        return published, entries.model_strays(self.root, name, lambda a: self.alias(name, a)) + strays + records
 
     def _taken_numbers(self, name: str) -> list[int]:
         """Every number a publish must not take: a removed version's stays taken, and so does a stray's."""
-        return self._scan_versions(name)[1]
-
-    def _scan_versions(self, name: str) -> tuple[list[int], list[int], list[IntegrityError]]:
-        """(published, taken, strays) of `versions/`: an entry named by a version number is taken; it is published
-        when it is a directory holding a manifest file (a link there is listed: reading it refuses it, naming the
-        link); a directory without one was removed by gc. Anything else there is a stray."""
-        d = layout.versions_dir(self.root, name)
-        try:
-            entries = sorted(os.listdir(d))
-        except FileNotFoundError:
-            return [], [], []
-        except NotADirectoryError:
-            return [], [], [atomic.not_ours(d, f"the versions directory of {name}")]
-        published: list[int] = []
-        taken: list[int] = []
-        strays: list[IntegrityError] = []
-        for entry in entries:
-            p = d / entry
-            n = layout.parse_version(entry)
-            if n is None:
-                strays.append(_not_a_number(p, f"a version of {name}"))
-                continue
-            taken.append(n)
-            if p.is_symlink():
-                published.append(n)
-            elif not p.is_dir():
-                strays.append(atomic.not_ours(p, f"the directory of {name}@{n}"))
-            elif (p / layout.MANIFEST).is_symlink() or (p / layout.MANIFEST).is_file():
-                published.append(n)
-            elif (p / layout.MANIFEST).exists():
-                strays.append(atomic.not_ours(p / layout.MANIFEST, f"the manifest of {name}@{n}"))
-        return sorted(published), sorted(taken), strays
-
-    def model_strays(self, name: str) -> list[IntegrityError]:
-        """Entries of `models/<name>/` that mreg does not write there, and aliases it cannot read: gc refuses while
-        one is there (it may be a reference gc cannot see), `list` and `verify --all` name each."""
-        d = layout.model_dir(self.root, name)
-        try:
-            entries = sorted(os.listdir(d))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        out: list[IntegrityError] = []
-        for entry in entries:
-            p = d / entry
-            try:
-                if entry in layout.MODEL_DIRS:
-                    atomic.require_no_link(self.root, p, f"the {entry} directory of {name}")
-                    if not p.is_dir():
-                        out.append(atomic.not_ours(p, f"the {entry} directory of {name}"))
-                elif entry in layout.MODEL_FILES:
-                    if p.is_symlink() or not p.is_file():
-                        out.append(atomic.not_ours(p, f"the {entry} file of {name}"))
-                elif _is_alias_name(entry):
-                    self.alias(name, entry)
-                elif not atomic.is_temp_name(entry, "alias"):  # a flip in flight, or one a killed writer left
-                    out.append(atomic.not_ours(p, f"nothing (models/{name}/ holds versions, aliases and records)"))
-            except IntegrityError as e:
-                out.append(e)
-        return out
-
-    def record_strays(self, name: str, kind: str) -> list[IntegrityError]:
-        """Entries of `models/<name>/<kind>/` (signatures, checks) that are not a directory named by a version."""
-        d = layout.model_dir(self.root, name) / kind
-        try:
-            atomic.require_no_link(self.root, d, f"the {kind} directory of {name}")
-            entries = sorted(os.listdir(d))
-        except (FileNotFoundError, NotADirectoryError):
-            return []  # no records; a file there is model_strays' to name
-        except IntegrityError as e:
-            return [e]
-        out: list[IntegrityError] = []
-        for entry in entries:
-            p = d / entry
-            if layout.parse_version(entry) is None:
-                out.append(_not_a_number(p, f"the {kind} of a version of {name}"))
-            elif p.is_symlink() or not p.is_dir():
-                out.append(atomic.not_ours(p, f"the {kind} directory of {name}@{entry}"))
-        return out
+        return entries.scan_versions(self.root, name)[1]
 
     def checked_version_dir(self, name: str, number: int) -> Path:
         """A version's directory, proven to be where it seems: no symlink on the way, at its manifest or inside it.
@@ -204,13 +129,13 @@ class LocalStore:
         d = layout.model_dir(self.root, name)
         out: dict[str, int] = {}
         try:
-            entries = sorted(os.listdir(d))
+            names = sorted(os.listdir(d))
         except (FileNotFoundError, NotADirectoryError):
             return out
-        for entry in entries:
+        for entry in names:
             if entry in layout.MODEL_DIRS:
                 atomic.require_no_link(self.root, d / entry, f"the {entry} directory of {name}")
-            elif _is_alias_name(entry):
+            elif entries.is_alias_name(entry):
                 n = self.alias(name, entry)
                 if n is not None:
                     out[entry] = n
@@ -241,12 +166,12 @@ class LocalStore:
         """Every recorded alias change of a model, oldest first; a damaged log is an IntegrityError."""
         path = layout.model_dir(self.root, name) / layout.HISTORY
         try:
-            lines = _read_regular(path).decode("utf-8").splitlines()
+            lines = entries.read_regular(path).decode("utf-8").splitlines()
         except FileNotFoundError:
             return []
         except PermissionError:
             raise
-        except _NotRegular as e:
+        except entries.NotRegular as e:
             raise _damaged_history(path, f"it is {e.strerror}") from None
         except (OSError, UnicodeDecodeError) as e:
             raise _damaged_history(path, f"it cannot be read as text ({type(e).__name__})") from None
@@ -328,12 +253,12 @@ class LocalStore:
         for n in names:
             p = d / n
             try:
-                out.append(parse(_read_regular(p)))
+                out.append(parse(entries.read_regular(p)))
             except ValueError as e:
                 raise IntegrityError(f"{what}: record {p} does not parse: {str(e).splitlines()[0]}",
                                      hint="restore it from a backup, or move it out of the store (one record: "
                                           "the version itself is intact)") from None
-            except _NotRegular:
+            except entries.NotRegular:
                 raise atomic.not_ours(p, f"a record of the {what}") from None
         return out
 
@@ -541,42 +466,6 @@ MANIFEST_MAX_BYTES = 64 << 20
 _MANIFEST_HINT = ("mreg never rewrites a manifest: restore the version from a backup or a remote store, or move it "
                   "out of the store; then run `mreg verify --all`")
 _R = TypeVar("_R")
-
-
-class _NotRegular(OSError):
-    """Something other than a regular file where mreg keeps one (reading a FIFO would block)."""
-
-
-def _read_regular(path: Path) -> bytes:
-    """The bytes of a regular file, never following a link at its name, never opening anything else."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        if e.errno != errno.ELOOP:
-            raise
-        raise _NotRegular(errno.ELOOP, "a symlink, not a regular file", str(path)) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _NotRegular(errno.EINVAL, f"{atomic.kind(path)}, not a regular file", str(path))
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read()
-    finally:
-        os.close(fd)
-
-
-def _is_alias_name(entry: str) -> bool:
-    """Whether an entry of models/<name>/ is named as an alias (one `promote --alias` accepts)."""
-    return bool(layout.ALIAS_RE.fullmatch(entry)) and entry not in layout.RESERVED_ALIASES
-
-
-def _not_a_number(path: Path, belongs: str) -> IntegrityError:
-    """The error for a name where mreg keeps only version numbers (`01`, `²`, `١`, `x`)."""
-    return IntegrityError(
-        f"{path} is not named by a version number (ASCII digits, no leading zero) where {belongs} belongs; "
-        "mreg never makes one there",
-        hint="move it out of the store (keep it if it is someone's), then run `mreg verify --all`",
-        details={"entry": str(path)},
-    )
 
 
 def _damaged_history(path: Path, why: str) -> IntegrityError:

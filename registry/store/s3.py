@@ -72,9 +72,9 @@ class S3Store(Bucket):
         base = self.key(*layout.s3_versions(name)) + "/"
         out = []
         for p in self.list_objects(base, delimiter="/"):
-            tail = p["Prefix"][len(base):].rstrip("/")
-            if tail.isdigit():
-                out.append(int(tail))
+            n = layout.parse_version(p["Prefix"][len(base):].rstrip("/"))  # "²" or "01" is no version of ours
+            if n is not None:
+                out.append(n)
         return sorted(out)
 
     def survey(self, name: str) -> tuple[list[int], list[IntegrityError]]:
