@@ -38,9 +38,9 @@ def list_cmd(name: str | None, config_path: str | None, store: str | None, as_js
     problems: list[IntegrityError] = []
     if name is None:
         models: list[dict[str, Any]] = []
-        for m in st.models():
-            numbers, aliases = _surveyed(st, m, problems)
-            models.append({"name": m, "versions": len(numbers), "aliases": aliases})
+        for model in st.models():
+            numbers, aliases = _surveyed(st, model, problems)
+            models.append({"name": model, "versions": len(numbers), "aliases": aliases})
         failure = _stray_failure(problems)
         out.result({"store": st.location, "models": models, "problems": [str(e) for e in problems]}, lambda: _with(
             table([[m["name"], str(m["versions"]), ", ".join(f"{a}→{n}" for a, n in m["aliases"].items())]
