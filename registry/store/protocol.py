@@ -154,7 +154,8 @@ def first_of(strays: list[IntegrityError]) -> IntegrityError:
     """One error line for every stray entry found: the first, and how many more (all of them in its details)."""
     if len(strays) == 1:
         return strays[0]
-    return IntegrityError(f"{strays[0]} (and {len(strays) - 1} more entries mreg did not write)",
+    more = len(strays) - 1
+    return IntegrityError(f"{strays[0]} (and {more} more {'entry' if more == 1 else 'entries'} mreg did not write)",
                           hint=strays[0].hint, details={"entries": [str(e) for e in strays]})
 
 
