@@ -344,3 +344,13 @@ def test_version_numbers_on_disk_are_ascii_digits_without_a_leading_zero() -> No
         assert layout.parse_version(bad) is None, bad
     assert layout.parse_alias_target("versions/7") == 7
     assert layout.parse_alias_target("versions/٧") is None and layout.parse_alias_target("versions/07") is None
+
+
+def test_an_s3_key_that_is_no_version_number_is_not_listed_as_one(s3_world: World) -> None:
+    """`versions/²/` in a bucket was int("²"), a traceback: the S3 store reads numbers with the local store's rule."""
+    w = s3_world
+    w.pushed()
+    for odd in ("²", "01", "١"):
+        w.put(w.key(*layout.s3_versions("m"), odd, layout.MANIFEST), b"{}")
+    listed = run("list", "m", "--store", w.remote, "--json")
+    assert listed.exit_code == 0 and [v["version"] for v in listed.json["versions"]] == [1], listed.stdout
