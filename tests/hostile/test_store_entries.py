@@ -182,6 +182,29 @@ def _readable_again(w: World, error: dict[str, Any]) -> None:
     assert str(_m(w)) in error["message"], error["message"]
 
 
+def _baseline(content: bytes | None) -> Setup:
+    """Version 1 of m and a golden set; its baseline these bytes (a directory: None). `check` reads the baseline
+    before it loads the model."""
+    def setup(w: World) -> Sequence[str | Path]:
+        w.publish(1)
+        golden = w.root / "smoke.jsonl"
+        golden.write_text(json.dumps({"id": "hello", "prompt": "Hello", "max_new_tokens": 2}) + "\n")
+        path = layout.baseline_path(w.store, "m", "smoke")
+        path.parent.mkdir(parents=True)
+        if content is None:
+            path.mkdir()
+        else:
+            path.write_bytes(content)
+        return ["check", "m@1", "--golden", golden]
+    return setup
+
+
+def _other_baseline() -> bytes:
+    return json.dumps({"schema_version": 1, "name": "other", "golden": "smoke", "golden_sha256": "0" * 64,
+                       "version": 1, "format": "hf", "by": {"user": "u", "host": "h", "at": "2026-01-01T00:00:00Z",
+                                                            "mreg_version": "0", "python": "3"}}).encode()
+
+
 def _cases() -> list[Case]:
     cases: list[Case] = []
     # severe 1: gc, given keep nothing, must keep everything while an alias cannot be read
@@ -245,6 +268,10 @@ def _cases() -> list[Case]:
           for change in ({"name": "other"}, {"version": 3})
           for cmd in (("show", "m@2"), ("verify", "--all"), ("push", "m@2", "LAYOUT"), ("list", "m"), ("verify", "m@2"))
           for says in [("m@2",) if cmd[0] == "verify" else ("not m@2",)]),
+        *(Case(f"baselines/smoke.json {what}: check", _baseline(content), 4, "IntegrityError", says)
+          for what, content, says in (("garbage", b"\x00garbage", ("does not parse",)),
+                                      ("a directory", None, ("a directory",)),
+                                      ("another model's", _other_baseline(), ("not m's 'smoke'",)))),
         # permissions: a refused read is exit 1 naming the path, never "does not exist" or "damaged"
         *(Case(f"models/m unreadable: {' '.join(cmd)}", _after(_versions(1, *cmd, promote=1), _unreadable), 1,
                "PermissionDenied", ("permission denied",), unprivileged=True, check=_readable_again)
