@@ -289,9 +289,15 @@ def verify(store: Store, refs: Sequence[str] = (), *, all_versions: bool = False
     if not refs and not all_versions:
         raise UsageError("nothing to verify", hint="give NAME@REF arguments or --all")
     versions = [_readable(store, parse_ref(r)) for r in refs]
-    if all_versions:
-        versions += [_readable(store, Ref(m, str(n))) for m in store.models() for n in store.versions(m)]
+    if all_versions:  # every good version, even beside entries mreg did not write (`strays` names those)
+        versions += [_readable(store, Ref(m, str(n))) for m in store.models() for n in store.survey(m)[0]]
     return [v if isinstance(v, VerifyReport) else run(store, v, progress) for v in versions]
+
+
+def strays(store: Store) -> list[IntegrityError]:
+    """Every entry of the store's models that mreg did not write there (a `versions/01`, a file where a version's
+    directory belongs, a directory where an alias does), each named: what `list` and `verify --all` report."""
+    return [e for m in store.models() for e in store.survey(m)[1]]
 
 
 def _readable(store: Store, ref: Ref) -> Version | VerifyReport:

@@ -127,11 +127,24 @@ def raise_if_full(e: OSError, where: Path) -> None:
 
 @contextlib.contextmanager
 def flock(path: Path, *, shared: bool = False, blocking: bool = True) -> Iterator[bool]:
-    """Hold an advisory lock on `path` (created if needed); yields whether it was acquired."""
+    """Hold an advisory lock on `path` (created if needed); yields whether it was acquired.
+
+    Anything but a regular file there is an IntegrityError naming it: a directory cannot be opened for writing, a
+    FIFO or device is not ours to open, and a symlink would make mreg create or lock a file outside the store.
+    """
     import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        if e.errno not in (errno.EISDIR, errno.ELOOP, errno.ENXIO):
+            raise
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        raise not_ours(path, "a lock file")
     try:
         flags = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         if not blocking:
@@ -144,6 +157,34 @@ def flock(path: Path, *, shared: bool = False, blocking: bool = True) -> Iterato
         yield True
     finally:
         os.close(fd)
+
+
+def kind(path: Path) -> str:
+    """What is at `path`, in words, without following a link ("a directory", "a symlink", "nothing")."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "nothing"
+    for test, words in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink"),
+                        (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "a device file"
+
+
+def not_ours(path: Path, belongs: str) -> IntegrityError:
+    """The error for an entry of the store that is not what mreg keeps there (`belongs`: what should be there)."""
+    return IntegrityError(
+        f"{path} is {kind(path)} where {belongs} belongs; mreg never makes one there",
+        hint="move it out of the store (keep it if it is someone's), then run `mreg verify --all`",
+        details={"entry": str(path)},
+    )
+
+
+def is_temp_name(name: str, tag: str) -> bool:
+    """Whether a name is one `temp_name(…, tag)` makes (a write in flight, or one a killed writer left)."""
+    m = _TEMP.match(name)
+    return m is not None and m["tag"] == tag
 
 
 def first_link(root: Path, path: Path) -> Path | None:

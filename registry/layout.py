@@ -74,6 +74,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ALIAS_RE = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 #: Names under models/<name>/ that are not aliases (and "history", the log's stem, and "tmp", for readability).
 RESERVED_ALIASES = frozenset({VERSIONS, CHECKS, BASELINES, SIGNATURES, HISTORY.split(".")[0], TMP})
+#: What mreg keeps in models/<name>/ besides aliases (and its own hidden temp names): directories, then files.
+MODEL_DIRS = frozenset({VERSIONS, CHECKS, BASELINES, SIGNATURES})
+MODEL_FILES = frozenset({HISTORY, ALIAS_LOCK})
 
 
 def blob_path(root: Path, sha256: str) -> Path:
@@ -128,8 +131,18 @@ def alias_target(version: int) -> str:
 
 def parse_alias_target(target: str) -> int | None:
     """The version an alias symlink target names, or None when it is not one of ours."""
-    m = re.fullmatch(rf"{VERSIONS}/([1-9][0-9]*)", target)
-    return int(m.group(1)) if m else None
+    head, _, number = target.partition("/")
+    return parse_version(number) if head == VERSIONS else None
+
+
+#: A version number as mreg spells it on disk: ASCII digits, no leading zero, at most 18 of them (int64, and no
+#: 5,000-digit int() from a hostile name). `[0-9]`, not `\d` or `str.isdigit`: those take "²" and "١" too.
+VERSION_NAME_RE = re.compile(r"[1-9][0-9]{0,17}")
+
+
+def parse_version(text: str) -> int | None:
+    """The version number a name on disk (a version directory, a records directory) spells, or None."""
+    return int(text) if VERSION_NAME_RE.fullmatch(text) else None
 
 
 def pull_record_path(cache: Path, repo: str, commit: str) -> Path:

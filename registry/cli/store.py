@@ -17,6 +17,7 @@ from registry.units import human_size
 
 if TYPE_CHECKING:
     from manifests import Artifact
+    from registry.store.protocol import Store
     from registry.store.signatures import SignatureResult
     from registry.store.verify import VerifyReport
 
@@ -34,20 +35,31 @@ def list_cmd(name: str | None, config_path: str | None, store: str | None, as_js
                        hint="check --store / MREG_STORE (`mreg config` shows which is used); "
                             "`mreg convert` creates a store")
     out = Output(as_json)
+    problems: list[IntegrityError] = []
     if name is None:
-        models: list[dict[str, Any]] = [{"name": m, "versions": len(st.versions(m)), "aliases": st.aliases(m)}
-                                        for m in st.models()]
-        out.result({"store": st.location, "models": models}, lambda: table(
-            [[m["name"], str(m["versions"]), ", ".join(f"{a}→{n}" for a, n in m["aliases"].items())]
-             for m in models], ["MODEL", "VERSIONS", "ALIASES"]) if models else "(no models)")
+        models: list[dict[str, Any]] = []
+        for model in st.models():
+            numbers, aliases = _surveyed(st, model, problems)
+            models.append({"name": model, "versions": len(numbers), "aliases": aliases})
+        failure = _stray_failure(problems)
+        out.result({"store": st.location, "models": models, "problems": [str(e) for e in problems]}, lambda: _with(
+            table([[m["name"], str(m["versions"]), ", ".join(f"{a}→{n}" for a, n in m["aliases"].items())]
+                   for m in models], ["MODEL", "VERSIONS", "ALIASES"]) if models else "(no models)", problems),
+                   failure=failure)
+        if failure is not None:
+            raise ReportedFailure(failure)
         return
     check_name(name)
     if name not in st.models():
         raise ModelNotFound(name)
-    aliases = st.aliases(name)
+    numbers, aliases = _surveyed(st, name, problems)
     rows: list[dict[str, Any]] = []
-    for n in st.versions(name):
-        v = st.version(name, n)
+    for n in numbers:
+        try:
+            v = st.version(name, n)
+        except IntegrityError as e:  # named below; the other versions are still listed
+            problems.append(e)
+            continue
         m = v.manifest
         rows.append({
             "version": n, "formats": [a.format for a in m.artifacts],
@@ -55,10 +67,38 @@ def list_cmd(name: str | None, config_path: str | None, store: str | None, as_js
             "source": f"{m.source.repo}@{m.source.commit[:12]}", "created": m.created.at.isoformat(),
             "manifest_sha256": v.manifest_sha256, "bytes": sum(f.size for a in m.artifacts for f in a.files),
         })
-    out.result({"name": name, "versions": rows}, lambda: table(
+    failure = _stray_failure(problems)
+    out.result({"name": name, "versions": rows, "problems": [str(e) for e in problems]}, lambda: _with(table(
         [[str(r["version"]), ",".join(r["formats"]), ",".join(r["aliases"]), r["source"],
           human_size(r["bytes"]), r["created"][:19], r["manifest_sha256"][:12]] for r in rows],
-        ["VERSION", "FORMATS", "ALIASES", "SOURCE", "SIZE", "CREATED", "MANIFEST"]))
+        ["VERSION", "FORMATS", "ALIASES", "SOURCE", "SIZE", "CREATED", "MANIFEST"]), problems), failure=failure)
+    if failure is not None:
+        raise ReportedFailure(failure)
+
+
+def _surveyed(st: Store, name: str, problems: list[IntegrityError]) -> tuple[list[int], dict[str, int]]:
+    """A model's good versions and aliases; what is not mreg's (or cannot be read) goes to `problems`."""
+    numbers, strays = st.survey(name)
+    problems += strays
+    try:
+        aliases = st.aliases(name)
+    except IntegrityError as e:  # a bad alias: already among the strays of a local store
+        aliases = {}
+        if str(e) not in {str(p) for p in problems}:
+            problems.append(e)
+    return numbers, aliases
+
+
+def _stray_failure(problems: list[IntegrityError]) -> IntegrityError | None:
+    """The one error line of a listing that found entries it could not list (exit 4; the rest was listed)."""
+    from registry.store.protocol import first_of
+
+    return first_of(problems) if problems else None
+
+
+def _with(text: str, problems: list[IntegrityError]) -> str:
+    """A report's text and, under it, every problem found on the way."""
+    return "\n".join([text, *(f"✗ {e}" for e in problems)])
 
 
 @click.command("show")
@@ -245,7 +285,9 @@ def verify_cmd(refs: tuple[str, ...], all_: bool, signatures: bool, config_path:
     unsigned = [k for k, res in judged.items()
                 if not any(x.status == "valid" for x in res) or any(x.status == "invalid" for x in res)]
     bad = [r for r in reports if not r.ok]
-    failure = _verify_failure(reports) if bad else _signature_failure(unsigned) if unsigned else None
+    strays = api.strays(st) if all_ else []
+    failure = (_verify_failure(reports, strays) if bad or strays else _signature_failure(unsigned) if unsigned
+               else None)
     docs: list[dict[str, Any]] = []
     for r in reports:
         docs.append({"name": r.name, "version": r.version, "files": r.files, "bytes": r.bytes, "ok": r.ok,
@@ -262,21 +304,27 @@ def verify_cmd(refs: tuple[str, ...], all_: bool, signatures: bool, config_path:
             if signatures and r.ok:
                 res = judged[(r.name, r.version)]
                 lines += [f"    {result_line(x)}" for x in res] or ["    ✗ no signatures"]
-        return "\n".join(lines)
+        return _with("\n".join(lines), strays)
 
-    Output(as_json).result({"ok": not bad and not unsigned, "versions": docs}, human, failure=failure)
+    Output(as_json).result({"ok": not bad and not unsigned and not strays, "versions": docs,
+                            "problems": [str(e) for e in strays]}, human, failure=failure)
     if failure is not None:
         raise ReportedFailure(failure)
 
 
-def _verify_failure(reports: list[VerifyReport]) -> IntegrityError:
+def _verify_failure(reports: list[VerifyReport], strays: list[IntegrityError]) -> IntegrityError:
     """The one error line of a failed verification, with the next step for what was found."""
     bad = [r for r in reports if not r.ok]
+    if not bad:  # every version verified; the store also holds what mreg did not write
+        failure = _stray_failure(strays)
+        assert failure is not None
+        return failure
     hint = "re-publish the damaged versions from their source (`mreg convert`), then `mreg gc --yes`"
     if any(r.links for r in bad):  # gc refuses while they are there; removing a link leaves its target alone
         hint = "remove each symlink named above (`rm LINK`, no trailing slash: its target stays), " + hint
+    more = f"; and {len(strays)} entries mreg did not write (listed above)" if strays else ""
     return IntegrityError(f"{len(bad)} of {len(reports)} version(s) failed verification: "
-                          + ", ".join(f"{r.name}@{r.version}" for r in bad), hint=hint)
+                          + ", ".join(f"{r.name}@{r.version}" for r in bad) + more, hint=hint)
 
 
 def _signature_failure(unsigned: list[tuple[str, int]]) -> IntegrityError:

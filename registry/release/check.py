@@ -26,7 +26,8 @@ from manifests import Artifact, Baseline, CaseResult, CheckRecord, GoldenCase
 from registry import atomic, layout, provenance
 from registry.convert import formats
 from registry.convert.protocol import Session
-from registry.errors import NotFound, UsageError
+from registry.errors import IntegrityError, NotFound, UsageError
+from registry.store import entries
 from registry.store.local import LocalStore
 from registry.store.protocol import Store, Version
 
@@ -232,11 +233,27 @@ def _write_record(store: LocalStore, record: CheckRecord) -> Path:
 
 
 def load_baseline(store: LocalStore, name: str, golden: GoldenSet) -> Baseline | None:
-    """The recorded baseline for this golden set, if any."""
+    """The recorded baseline for this golden set, if any; one that is not a baseline of this model and golden set
+    (garbage, a directory, another model's) is an IntegrityError: judging outputs against it would be wrong."""
+    path = layout.baseline_path(store.root, name, golden.name)
+    atomic.require_no_link(store.root, path, f"the baseline of {name}")
     try:
-        return Baseline.model_validate_json(layout.baseline_path(store.root, name, golden.name).read_bytes())
+        baseline = Baseline.model_validate_json(entries.read_regular(path))
     except FileNotFoundError:
         return None
+    except entries.NotRegular:
+        raise atomic.not_ours(path, f"the baseline of golden set {golden.name!r}") from None
+    except NotADirectoryError:
+        raise atomic.not_ours(path.parent, f"the baselines directory of {name}") from None
+    except ValueError as e:
+        raise IntegrityError(f"baseline {path} does not parse: {str(e).splitlines()[0]}", hint=_REBASE) from None
+    if (baseline.name, baseline.golden) != (name, golden.name):
+        raise IntegrityError(f"{path} is the baseline of {baseline.name}'s golden set {baseline.golden!r}, not "
+                             f"{name}'s {golden.name!r}", hint=_REBASE)
+    return baseline
+
+
+_REBASE = "record it again from a version you trust: `mreg check NAME@N --golden FILE --record-baseline`"
 
 
 def save_baseline(store: LocalStore, baseline: Baseline) -> Path:

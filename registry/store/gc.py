@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from registry import atomic, layout
 from registry.errors import Conflict, IntegrityError
 from registry.store.local import LocalStore
-from registry.store.protocol import Store
+from registry.store.protocol import Store, first_of
 
 if TYPE_CHECKING:
     from registry.store.s3 import S3Store
@@ -60,7 +60,9 @@ def plan_gc(store: LocalStore, *, keep_history: int = 10, keep_latest: int = 3) 
     kept: list[tuple[str, int, str]] = []
     referenced: set[str] = set()
     for name in store.models():
-        numbers = store.versions(name)
+        numbers, strays = store.survey(name)
+        if strays:  # an entry gc cannot read may be what keeps a version: nothing is removed until it is looked at
+            raise first_of(strays)
         aliased = {v: a for a, v in store.aliases(name).items()}
         recent: set[int] = set()
         for e in store.history(name)[-keep_history:] if keep_history > 0 else []:
@@ -107,7 +109,8 @@ def _orphan_records(store: LocalStore) -> list[tuple[str, int]]:
         if not d.is_dir():
             continue
         atomic.require_no_link(store.root, d, f"signatures of {name}")
-        out += [(name, int(p.name)) for p in d.iterdir() if p.name.isdigit() and _gone(store, name, int(p.name))]
+        numbers = (layout.parse_version(p.name) for p in d.iterdir())  # strays: refused by the plan already
+        out += [(name, n) for n in numbers if n is not None and _gone(store, name, n)]
     return out
 
 
@@ -129,7 +132,7 @@ def execute_gc(store: LocalStore, plan: GCPlan) -> GCPlan:
     """Carry out a plan, re-checking every removal under the locks; returns what was removed."""
     with atomic.flock(store.root / layout.GC_LOCK, blocking=False) as got:
         if not got:
-            raise Conflict("a publish is in progress in this store", hint="run gc again when it has finished")
+            raise _lock_holder(store)
         removed_versions = []
         for name, n in plan.versions:
             with store.alias_lock(name):
@@ -184,6 +187,16 @@ def execute_gc(store: LocalStore, plan: GCPlan) -> GCPlan:
                 removed_blobs.append((digest, size))
     return GCPlan(tuple(removed_versions), plan.kept, tuple(removed_blobs), tuple(removed_staging),
                   signatures=tuple(removed_records))
+
+
+def _lock_holder(store: LocalStore) -> Conflict:
+    """Who holds the store's writer lock, from what a shared request gets: publishers hold it shared (so a shared
+    request is granted beside them), another gc holds it exclusively (so it is refused)."""
+    with atomic.flock(store.root / layout.GC_LOCK, shared=True, blocking=False) as shared:
+        if shared:
+            return Conflict("a publish is in progress in this store", hint="run gc again when it has finished")
+    return Conflict("another gc is running on this store (it holds the store's gc.lock)",
+                    hint="let it finish; run gc again afterwards if there is still something to remove")
 
 
 def collect(store: Store, *, keep_history: int = 10, keep_latest: int = 3, grace_s: float = 24 * 3600,

@@ -16,8 +16,10 @@ import contextlib
 import errno
 import hashlib
 import os
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from manifests import CheckRecord, HistoryEntry, Manifest, SignatureRecord
 from registry import atomic, layout
@@ -25,7 +27,8 @@ from registry.digest import file_chunks, sha256_file, write_hashed
 from registry.errors import Conflict, IntegrityError, ModelNotFound, UsageError, VersionNotFound
 from registry.progress import Progress
 from registry.refs import Ref
-from registry.store.protocol import AliasDecision, Version, manifest_bytes, resolve_ref
+from registry.store import entries
+from registry.store.protocol import AliasDecision, Version, first_of, manifest_bytes, read_manifest, resolve_ref
 from registry.store.staging import Staging
 
 
@@ -51,19 +54,28 @@ class LocalStore:
         return sorted(p.name for p in d.iterdir() if p.is_dir() and layout.NAME_RE.match(p.name))
 
     def versions(self, name: str) -> list[int]:
-        """Published version numbers of a model, ascending."""
-        d = layout.versions_dir(self.root, name)
-        if not d.is_dir():
-            return []
-        out = []
-        for p in d.iterdir():
-            if p.name.isdigit() and (p / layout.MANIFEST).is_file():
-                out.append(int(p.name))
-        return sorted(out)
+        """Published version numbers of a model, ascending; IntegrityError naming an entry of `versions/` that is
+        not a version mreg wrote (a reader given a wrong list would answer for the wrong version)."""
+        published, _taken, strays = entries.scan_versions(self.root, name)
+        if strays:
+            raise first_of(strays)
+        return published
+
+    def survey(self, name: str) -> tuple[list[int], list[IntegrityError]]:
+        """The published versions a reader can go on with, and every entry of the model that mreg did not write
+        there (named, not raised): what `list` and `verify --all` report beside the good versions."""
+        try:  # a model directory that is a link: nothing under it is the store's to list
+            atomic.require_no_link(self.root, layout.model_dir(self.root, name), f"model {name}")
+        except IntegrityError as e:
+            return [], [e]
+        published, _taken, strays = entries.scan_versions(self.root, name)
+        records = [e for kind in (layout.SIGNATURES, layout.CHECKS)
+                   for e in entries.record_strays(self.root, name, kind)]
+        return published, entries.model_strays(self.root, name, lambda a: self.alias(name, a)) + strays + records
 
     def _taken_numbers(self, name: str) -> list[int]:
-        d = layout.versions_dir(self.root, name)
-        return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+        """Every number a publish must not take: a removed version's stays taken, and so does a stray's."""
+        return entries.scan_versions(self.root, name)[1]
 
     def checked_version_dir(self, name: str, number: int) -> Path:
         """A version's directory, proven to be where it seems: no symlink on the way, at its manifest or inside it.
@@ -80,21 +92,25 @@ class LocalStore:
         return vdir
 
     def version(self, name: str, number: int) -> Version:
-        """One published version (IntegrityError when a link leads out of its place)."""
+        """One published version (IntegrityError when a link leads out of its place, when something else stands
+        where its directory or manifest belongs, or when its manifest names another version)."""
         path = self.checked_version_dir(name, number)
+        manifest_path = path / layout.MANIFEST
         try:
-            data = (path / layout.MANIFEST).read_bytes()
+            st = os.lstat(manifest_path)
         except FileNotFoundError:
             if not layout.model_dir(self.root, name).is_dir():
                 raise ModelNotFound(name) from None
             raise VersionNotFound(name, str(number)) from None
-        try:
-            manifest = Manifest.model_validate_json(data)
-        except ValueError as e:
-            raise IntegrityError(
-                f"{name}@{number}: manifest does not parse: {str(e).splitlines()[0]}",
-                hint=f"run `mreg verify {name}@{number}`",
-            ) from e
+        except NotADirectoryError:
+            raise atomic.not_ours(path, f"the directory of {name}@{number}") from None
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read, a directory fail it
+            raise atomic.not_ours(manifest_path, f"the manifest of {name}@{number}")
+        if st.st_size > MANIFEST_MAX_BYTES:
+            raise IntegrityError(f"{manifest_path} is {st.st_size} bytes: no manifest mreg writes is over "
+                                 f"{MANIFEST_MAX_BYTES >> 20} MiB", hint=_MANIFEST_HINT)
+        data = manifest_path.read_bytes()
+        manifest = read_manifest(data, name, number, str(manifest_path), hint=_MANIFEST_HINT)
         for art in manifest.artifacts:  # nested artifact paths: every directory on the way
             atomic.require_no_link(self.root, path / art.path, f"{name}@{number}")
         return Version(name, number, manifest, hashlib.sha256(data).hexdigest(), str(path))
@@ -108,25 +124,38 @@ class LocalStore:
         return layout.model_dir(self.root, name).is_dir()
 
     def aliases(self, name: str) -> dict[str, int]:
-        """Every alias of a model and the version it points to."""
+        """Every alias of a model and the version it points to; IntegrityError at an alias's name that holds
+        anything but a link to a version, and at a link where mreg keeps a directory of its own (`checks`)."""
         d = layout.model_dir(self.root, name)
         out: dict[str, int] = {}
-        if d.is_dir():
-            for p in d.iterdir():
-                if p.is_symlink() and layout.ALIAS_RE.match(p.name):
-                    n = self.alias(name, p.name)  # a link to anything but a version is an IntegrityError
-                    if n is not None:
-                        out[p.name] = n
-        return dict(sorted(out.items()))
+        try:
+            names = sorted(os.listdir(d))
+        except (FileNotFoundError, NotADirectoryError):
+            return out
+        for entry in names:
+            if entry in layout.MODEL_DIRS:
+                atomic.require_no_link(self.root, d / entry, f"the {entry} directory of {name}")
+            elif entries.is_alias_name(entry):
+                n = self.alias(name, entry)
+                if n is not None:
+                    out[entry] = n
+        return out
 
     def alias(self, name: str, alias: str) -> int | None:
         """The version an alias points to, if it exists; an alias whose link names anything but one of the model's
-        versions (a path out of the store, say) is an IntegrityError: an engine mounting it would serve that."""
+        versions (a path out of the store, say), or that is not a link at all, is an IntegrityError: an engine
+        mounting it would serve that, and gc would not know which version it keeps."""
+        if alias in layout.RESERVED_ALIASES:
+            return None  # `m@versions` names no alias: the directory there is mreg's own
         path = layout.alias_path(self.root, name, alias)
         try:
             target = os.readlink(path)
-        except OSError:  # no such alias (or not a link: aliases are only ever links)
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise  # EACCES: the CLI says which path it could not read (exit 1), never "does not exist"
+            raise atomic.not_ours(path, f"alias {alias} of {name} (a symlink to versions/N)") from None
         number = layout.parse_alias_target(target)
         if number is None:
             raise IntegrityError(f"alias {alias} of {name} is a symlink to {target}, not to a version of the store",
@@ -137,9 +166,13 @@ class LocalStore:
         """Every recorded alias change of a model, oldest first; a damaged log is an IntegrityError."""
         path = layout.model_dir(self.root, name) / layout.HISTORY
         try:
-            lines = path.read_bytes().decode("utf-8").splitlines()
+            lines = entries.read_regular(path).decode("utf-8").splitlines()
         except FileNotFoundError:
             return []
+        except PermissionError:
+            raise
+        except entries.NotRegular as e:
+            raise _damaged_history(path, f"it is {e.strerror}") from None
         except (OSError, UnicodeDecodeError) as e:
             raise _damaged_history(path, f"it cannot be read as text ({type(e).__name__})") from None
         out = []
@@ -161,6 +194,8 @@ class LocalStore:
                 tail = f.read()
         except FileNotFoundError:
             return None
+        except PermissionError:
+            raise
         except OSError as err:
             raise _damaged_history(path, f"it cannot be read ({type(err).__name__})") from None
         lines = tail.splitlines()
@@ -196,25 +231,35 @@ class LocalStore:
         return Path(version.path)
 
     def check_records(self, name: str, number: int) -> list[CheckRecord] | None:
-        """Every golden-check record of a version, oldest first."""
-        d = layout.checks_dir(self.root, name, number)
-        if not d.is_dir():
-            return []
-        return [CheckRecord.model_validate_json(p.read_bytes()) for p in sorted(d.glob("*.json"))]
+        """Every golden-check record of a version, oldest first; one that does not parse is an IntegrityError."""
+        return self._records(layout.checks_dir(self.root, name, number), f"checks of {name}@{number}",
+                             CheckRecord.model_validate_json)
 
     def signatures(self, name: str, number: int) -> list[SignatureRecord]:
         """Every signature record of a version, oldest first; one that does not parse is an IntegrityError."""
-        d = layout.signatures_dir(self.root, name, number)
-        if not d.is_dir():
+        return self._records(layout.signatures_dir(self.root, name, number), f"signatures of {name}@{number}",
+                             SignatureRecord.model_validate_json)
+
+    def _records(self, d: Path, what: str, parse: Callable[[bytes], _R]) -> list[_R]:
+        """The records in one version's records directory, oldest first (their names start with the time)."""
+        atomic.require_no_link(self.root, d, what)
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(".json"))
+        except FileNotFoundError:
             return []
-        atomic.require_no_link(self.root, d, f"signatures of {name}@{number}")
+        except NotADirectoryError:  # the version's directory, or models/<name>/<kind> itself, is a file
+            raise atomic.not_ours(d if d.exists() else d.parent, f"the directory of the {what}") from None
         out = []
-        for p in sorted(d.glob("*.json")):
+        for n in names:
+            p = d / n
             try:
-                out.append(SignatureRecord.model_validate_json(p.read_bytes()))
+                out.append(parse(entries.read_regular(p)))
             except ValueError as e:
-                raise IntegrityError(f"signature record {p} does not parse: {str(e).splitlines()[0]}",
-                                     hint="restore it from a backup, or remove it (one signer's record)") from None
+                raise IntegrityError(f"{what}: record {p} does not parse: {str(e).splitlines()[0]}",
+                                     hint="restore it from a backup, or move it out of the store (one record: "
+                                          "the version itself is intact)") from None
+            except entries.NotRegular:
+                raise atomic.not_ours(p, f"a record of the {what}") from None
         return out
 
     def alias_lock(self, name: str) -> contextlib.AbstractContextManager[object]:
@@ -348,7 +393,7 @@ class LocalStore:
             try:
                 os.rename(staging.path, vdir / str(number))
             except OSError as e:
-                if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                if e.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):  # ENOTDIR: a file stands there
                     number += 1
                     continue
                 raise
@@ -380,6 +425,9 @@ class LocalStore:
     def _versions_dir(self, name: str) -> Path:
         """A model's versions directory, created if needed and proven to be inside the store (publish renames there)."""
         vdir = layout.versions_dir(self.root, name)
+        atomic.require_no_link(self.root, vdir, f"model {name}")
+        if vdir.exists() and not vdir.is_dir():
+            raise atomic.not_ours(vdir, f"the versions directory of {name}")
         vdir.mkdir(parents=True, exist_ok=True)
         return atomic.require_no_link(self.root, vdir, f"model {name}")
 
@@ -391,10 +439,15 @@ class LocalStore:
         atomic.require_no_link(self.root, d, "blobs")
         for sub in sorted(d.iterdir()):
             atomic.require_no_link(self.root, sub, "blobs")
-            if sub.is_dir():
-                for p in sorted(sub.iterdir()):
-                    if len(p.name) == 64 and not p.name.startswith("."):
-                        yield p.name, p
+            if not sub.is_dir():
+                if len(sub.name) == 2:
+                    raise atomic.not_ours(sub, "a directory of blobs")
+                continue
+            for p in sorted(sub.iterdir()):
+                if len(p.name) == 64 and not p.name.startswith("."):
+                    if p.is_symlink() or not p.is_file():  # gc would unlink(2) it, verify read it
+                        raise atomic.not_ours(p, "a blob (a read-only file named by its sha256)")
+                    yield p.name, p
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -405,6 +458,14 @@ def _same_file(a: Path, b: Path) -> bool:
 def _fsync_tree_dirs(root: Path) -> None:
     for dirpath, _dirs, _files in os.walk(root):
         atomic.fsync_dir(Path(dirpath))
+
+
+#: No manifest mreg writes comes near this (one of a thousand files is about 200 KiB): more is not a manifest,
+#: and reading it whole would be the first thing an intruder's huge file costs.
+MANIFEST_MAX_BYTES = 64 << 20
+_MANIFEST_HINT = ("mreg never rewrites a manifest: restore the version from a backup or a remote store, or move it "
+                  "out of the store; then run `mreg verify --all`")
+_R = TypeVar("_R")
 
 
 def _damaged_history(path: Path, why: str) -> IntegrityError:

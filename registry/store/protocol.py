@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from manifests import CheckRecord, HistoryEntry, Manifest, SignatureRecord
-from registry.errors import ModelNotFound, UsageError, VersionNotFound
+from registry.errors import IntegrityError, ModelNotFound, UsageError, VersionNotFound
 from registry.refs import LATEST, Ref
 
 
@@ -38,6 +38,10 @@ class Store(Protocol):
 
     def versions(self, name: str) -> list[int]:
         """Published version numbers of a model, ascending."""
+
+    def survey(self, name: str) -> tuple[list[int], list[IntegrityError]]:
+        """The published versions a reader can go on with, and the entries of the model that are not what mreg
+        writes (named, not raised): `list` and `verify --all` report them beside the good versions."""
 
     def version(self, name: str, number: int) -> Version:
         """One published version."""
@@ -126,6 +130,33 @@ def _by_digest(store: Store, ref: Ref) -> Version:
     if hits:
         return hits[0]
     raise VersionNotFound(ref.name, ref.ref)
+
+
+def read_manifest(data: bytes, name: str, number: int, where: str, *, hint: str) -> Manifest:
+    """The manifest read from `name`'s version `number` (at `where`, a path or a URL), once it parses and says it
+    is that version: the one check every store's reader makes.
+
+    A manifest names the directory a sync writes, the number it publishes and what a push sends under that
+    name: one that disagrees with its place would land in another model, or leave an alias dangling.
+    """
+    try:
+        manifest = Manifest.model_validate_json(data)
+    except ValueError as e:
+        raise IntegrityError(f"{name}@{number}: manifest {where} does not parse: {str(e).splitlines()[0]}",
+                             hint=hint) from None
+    if (manifest.name, manifest.version) != (name, number):
+        raise IntegrityError(f"{where} says it is {manifest.name}@{manifest.version}, not {name}@{number}",
+                             hint=hint)
+    return manifest
+
+
+def first_of(strays: list[IntegrityError]) -> IntegrityError:
+    """One error line for every stray entry found: the first, and how many more (all of them in its details)."""
+    if len(strays) == 1:
+        return strays[0]
+    more = len(strays) - 1
+    return IntegrityError(f"{strays[0]} (and {more} more {'entry' if more == 1 else 'entries'} mreg did not write)",
+                          hint=strays[0].hint, details={"entries": [str(e) for e in strays]})
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:

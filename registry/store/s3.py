@@ -31,7 +31,7 @@ from registry.errors import (
 )
 from registry.refs import Ref
 from registry.store.bucket import Bucket, PreconditionFailed, RemoteObject, wrap_error
-from registry.store.protocol import AliasDecision, Version, manifest_bytes, resolve_ref
+from registry.store.protocol import AliasDecision, Version, manifest_bytes, read_manifest, resolve_ref
 
 __all__ = ["GC_LOCK_TTL_S", "LEASE_TTL_S", "PreconditionFailed", "RemoteObject", "S3Store", "wrap_error"]
 
@@ -72,10 +72,15 @@ class S3Store(Bucket):
         base = self.key(*layout.s3_versions(name)) + "/"
         out = []
         for p in self.list_objects(base, delimiter="/"):
-            tail = p["Prefix"][len(base):].rstrip("/")
-            if tail.isdigit():
-                out.append(int(tail))
+            n = layout.parse_version(p["Prefix"][len(base):].rstrip("/"))  # "²" or "01" is no version of ours
+            if n is not None:
+                out.append(n)
         return sorted(out)
+
+    def survey(self, name: str) -> tuple[list[int], list[IntegrityError]]:
+        """The published versions; a bucket has no entries of its own to report (a key that is not a version
+        number is not listed as one)."""
+        return self.versions(name), []
 
     def version(self, name: str, number: int) -> Version:
         """One published version (by key, no LIST)."""
@@ -94,16 +99,8 @@ class S3Store(Bucket):
         A manifest names the local directory a sync writes and the number it publishes: one that
         disagrees with its key would land in another model or leave a local alias dangling.
         """
-        url = self.url(self.manifest_key(name, number))
-        try:
-            manifest = Manifest.model_validate_json(data)
-        except ValueError as e:
-            raise IntegrityError(f"{name}@{number}: remote manifest {url} does not parse",
-                                 hint=f"run `mreg verify {name}@{number} --store {self.location}`") from e
-        if (manifest.name, manifest.version) != (name, number):
-            raise IntegrityError(f"{url} says it is {manifest.name}@{manifest.version}, not {name}@{number}",
-                                 hint=_ALTERED.format(location=self.location))
-        return manifest
+        return read_manifest(data, name, number, self.url(self.manifest_key(name, number)),
+                             hint=_ALTERED.format(location=self.location))
 
     def resolve(self, ref: Ref) -> Version:
         """The version a reference names."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -75,9 +76,12 @@ def verify_version(store: LocalStore, version: Version, progress: Progress | Non
                 links.append(f"blob {f.sha256[:12]}…: {atomic.describe_link(store.root, link)}")
                 continue
             try:
-                bst = blob.stat()
+                bst = blob.lstat()
             except FileNotFoundError:
                 problems.append(f"{rel}: blob {f.sha256[:12]}… missing from the store")
+                continue
+            if not stat.S_ISREG(bst.st_mode):  # hashing a directory fails, reading a FIFO blocks
+                problems.append(f"blob {f.sha256[:12]}…: {blob} is {atomic.kind(blob)}, not a file")
                 continue
             if (bst.st_dev, bst.st_ino) != (st.st_dev, st.st_ino) and sha256_file(blob) != f.sha256:
                 problems.append(f"blob {f.sha256[:12]}…: content does not match its name")
