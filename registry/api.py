@@ -310,8 +310,18 @@ def _readable(store: Store, ref: Ref) -> Version | VerifyReport:
 def gc(store: Store, *, keep_history: int = 10, keep_latest: int = 3, grace_hours: float = 24.0,
        apply: bool = False) -> GCPlan:
     """What nothing needs any more (a plan), removed when `apply`: versions, blobs, interrupted writes, leases."""
+    import math
+
     from registry.store.gc import collect
 
+    for flag, count in (("--keep-history", keep_history), ("--keep-latest", keep_latest)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise UsageError(f"{flag} must be a whole number of 0 or more, not {count!r}",
+                             hint=f"e.g. {flag} 3 (0 keeps none for this reason; aliases are always kept)")
+    if isinstance(grace_hours, bool) or not isinstance(grace_hours, (int, float)) or not math.isfinite(grace_hours) \
+            or grace_hours < 0:
+        raise UsageError(f"--grace-hours must be a number of hours of 0 or more, not {grace_hours!r}",
+                         hint="e.g. --grace-hours 24 (uploads in flight younger than this are kept)")
     return collect(store, keep_history=keep_history, keep_latest=keep_latest, grace_s=grace_hours * 3600,
                    apply=apply)
 
