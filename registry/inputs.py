@@ -45,7 +45,6 @@ def open_input(path: str | Path, what: str, *, limit: int, hint: str,
         raise PermissionDenied(f"{shown}: permission denied ({e.strerror})", hint=hint) from None
     except OSError as e:
         raise UsageError(f"{shown}: cannot open it ({e.strerror or e})", hint=hint) from None
-    f = os.fdopen(fd, "rb")
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -54,9 +53,11 @@ def open_input(path: str | Path, what: str, *, limit: int, hint: str,
             raise UsageError(f"{shown} is {human_size(st.st_size)}, more than the {human_size(limit)} mreg reads "
                              "from it", hint=hint)
         os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         yield f
-    finally:
-        f.close()
 
 
 def read_input(path: str | Path, what: str, *, limit: int, hint: str,

@@ -143,7 +143,7 @@ def rollback_cmd(name: str, alias: str, to: str | None, expect: str | None, mess
 
 @click.command("check")
 @click.argument("ref", metavar="NAME@REF")
-@click.option("--golden", required=True, type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--golden", required=True, type=click.Path(path_type=Path),
               help="Golden cases, one JSON object per line.")
 @click.option("--format", "fmt", type=click.Choice(formats.runnable()),
               help="Artifact to run (default: " + ", else ".join(formats.runnable()) + ").")

@@ -4,14 +4,17 @@ and flip the alias back when it is not, so a bad version never stays promoted.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
+import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -239,6 +242,24 @@ def _http(url: str, method: str, timeout: float) -> tuple[bool, str]:
         return False, f"{type(e).__name__}: {e}"
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While the hooks run, SIGTERM (a cancelled CI job, `kill`) interrupts as Ctrl-C does, so that the flip-back
+    still happens; Python's default would end the process with the flip standing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 @dataclass(frozen=True)
 class HookedPromotion:
     """A promotion and what its hooks found."""
@@ -262,14 +283,17 @@ def promote_with_hooks(store: Store, name: str, version: Version, hooks: Hooks, 
         return HookedPromotion(change, None)
     env = {"MREG_NAME": name, "MREG_ALIAS": alias, "MREG_VERSION": str(change.to_version),
            "MREG_FROM_VERSION": str(change.from_version or ""), "MREG_STORE": store.location}
+    interrupted = False
     try:
         env["MREG_PATH"] = store.alias_mount(name, alias) or str(layout.alias_path(Path(store.location), name,
                                                                                    alias))
-        report = run_hooks(hooks, env)
+        with _terminate_as_interrupt():
+            report = run_hooks(hooks, env)
     except Exception as e:  # noqa: BLE001 - run_hooks reports its own; this is the mount path's lookup
         report = HookReport(False, False, 0.0, f"hook failed: {type(e).__name__}: {e}")
-    except BaseException as e:  # Ctrl-C or SIGTERM while waiting: the engine's state is unknown, so flip back
-        report = HookReport(False, False, 0.0, f"interrupted ({type(e).__name__})")
+    except KeyboardInterrupt:  # Ctrl-C while waiting: the engine's state is unknown, so flip back
+        interrupted = True
+        report = HookReport(False, False, 0.0, "interrupted")
     if report.ready:
         return HookedPromotion(change, report)
     if change.from_version is None:
@@ -285,6 +309,14 @@ def promote_with_hooks(store: Store, name: str, version: Version, hooks: Hooks, 
         e.args = (f"{name}@{change.to_version} failed after promotion ({report.detail}) and the flip-back to "
                   f"{change.from_version} was not made: {e}",)
         raise
+    if interrupted:  # whoever stopped mreg wants it to stop: the flip-back is quick, the hooks may not be
+        err = EngineNotReady(
+            f"{name}@{change.to_version} was promoted, then mreg was interrupted while the hooks ran; {alias} was "
+            f"flipped back to {change.from_version} and the hooks were not run again",
+            hint=f"the engine may have loaded {change.to_version}: reload it onto {change.from_version}",
+        )
+        err.outcome = HookedPromotion(change, report, reverted, None)
+        raise err
     restore = run_hooks(hooks, {**env, "MREG_VERSION": str(change.from_version),
                                 "MREG_FROM_VERSION": str(change.to_version)})
     err = EngineNotReady(

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from converters.gguf.file import GGML_TYPES
-from registry.errors import UsageError
 from converters.gguf.quants.blocks import (
     BLOCK,
     F32,
@@ -51,6 +50,7 @@ from converters.gguf.quants.blocks import (
     row_bytes,
 )
 from converters.gguf.quants.kquants import q2_k, q3_k, q4_k, q5_k, q6_k
+from registry.errors import UsageError
 
 __all__ = ["BLOCK", "NUMPY_TYPES", "Bytes", "Floats", "backend", "encoder", "ggml_available", "native_available",
            "needs_ggml", "nonfinite", "quantize", "row_bytes", "widen_bf16"]
