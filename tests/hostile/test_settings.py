@@ -171,10 +171,25 @@ FILE_CASES = [
          4, "InconsistentModel", ("original_max_position_embeddings",)),
 ]
 
+# -- messages -------------------------------------------------------------------------------------------------------
+
+
+def _huge_pull(w: World) -> Sequence[str | Path]:
+    assert w.hub is not None
+    w.hub.add_commit("org/huge", {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"x" * 64})
+    w.hub.announce_size("org/huge", "model.safetensors", 10**15)
+    return ["pull", "org/huge", "--endpoint", w.hub.endpoint]
+
+
+MESSAGE_CASES = [
+    Case("a pull larger than the disk names the margin it keeps", _huge_pull, 7, "InsufficientSpace",
+         ("needs 909.5 TiB plus a 64.0 MiB safety margin",), needs="hub"),
+]
+
 CASES: list[Case] = [
     *(Case(f"hook {(cfg or ' '.join(flags))!r}", _hooked(cfg, *flags), 2, "UsageError", (says,), check=_still_on_1)
       for cfg, flags, says in HOOK_CASES),
-    *REF_CASES, *VALUE_CASES, *FILE_CASES,
+    *REF_CASES, *VALUE_CASES, *FILE_CASES, *MESSAGE_CASES,
 ]
 
 
