@@ -87,8 +87,10 @@ def pull(source: str, *, cache: str | Path, include: Sequence[str] = (), exclude
     to a loopback registry. A local directory is hashed and linked in place (trusted while its files are
     unchanged), or copied into the cache with `copy`."""
     from registry import cache as cache_pkg
+    from registry import provenance
     from registry.oci import reference
 
+    provenance.user()  # a bad MREG_USER is refused before the download, not when the record is written
     if reference.is_oci(source):
         from registry.oci import transfer
 
@@ -140,9 +142,11 @@ def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore,
     before anything is fetched (the CLI quiets huggingface_hub's bars there). `copy`: copies, never
     links: a local directory into the cache, the cache's files into the store.
     """
+    from registry import provenance
     from registry.cache import load_record
     from registry.convert.execute import convert as run
 
+    provenance.user()  # a bad MREG_USER is refused before any work, not when the manifest is written
     parsed = parse_targets(targets)
     check_targets(parsed)
     parent = version_source(store, source)

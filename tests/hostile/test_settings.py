@@ -214,6 +214,10 @@ ENV_CASES: list[tuple[str, str, Case]] = [
                                            "UsageError", ("MREG_USER",))),
     ("MREG_USER", "x" * 300, Case("MREG_USER of 300 characters", _published("promote", "m@1"), 2, "UsageError",
                                   ("MREG_USER",))),
+    ("MREG_USER", "ci\x1b[2J", Case("MREG_USER with an escape sequence: convert", lambda w: [
+        "convert", w.src, "--to", "hf", "--name", "m"], 2, "UsageError", ("MREG_USER",))),
+    ("MREG_USER", "ci\rerror: forged", Case("MREG_USER with a carriage return: pull", lambda w: ["pull", w.src], 2,
+                                            "UsageError", ("MREG_USER",))),
 ]
 
 
