@@ -441,8 +441,15 @@ def sign(store: LocalStore, ref: str, *, key: str | Path | None = None, certific
          import_bundle: str | Path | None = None) -> SignatureRecord:
     """Sign a version (its manifest's files and the manifest) with an EC key, or a key and its certificate chain;
     or keep a bundle the model_signing CLI made on the version directory. The record is kept beside the version."""
+    from registry.inputs import check_input
     from registry.store import signatures
 
+    # model-signing opens these itself: each a regular file of sane size first (/dev/zero would be read forever).
+    # PEM keys and certificates are a few KiB; a bundle lists one digest per file of the version.
+    for flag, given, limit in (("--key", [key], 1 << 20), ("--certificate", [certificate], 1 << 20),
+                               ("--chain", list(chain), 1 << 20), ("--import", [import_bundle], 64 << 20)):
+        for path in (p for p in given if p is not None):
+            check_input(path, flag, limit=limit, hint=f"give {flag} a PEM file (a bundle for --import)")
     v = store.resolve(parse_ref(ref))
     if import_bundle is not None:
         if key is not None or certificate is not None:

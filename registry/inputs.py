@@ -79,3 +79,9 @@ def decode_text(data: bytes, path: str | Path, what: str, *, hint: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"{what} {path} is not UTF-8 text (byte {e.start} is not)", hint=hint) from None
+
+
+def check_input(path: str | Path, what: str, *, limit: int, hint: str, missing: type[MregError] = UsageError) -> None:
+    """Refuse `path` unless it is a regular file of at most `limit` bytes, for a library that opens it itself."""
+    with open_input(path, what, limit=limit, hint=hint, missing=missing):
+        pass

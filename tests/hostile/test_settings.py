@@ -145,7 +145,28 @@ def _conf(make: Any) -> Setup:
     return lambda w: ["list", "--config", make(w)]
 
 
+def _signed_with_trust(key: Any) -> Setup:
+    """m@1 signed with a real key, then `promote --require signature` with `key(w)` as the trusted key."""
+    def setup(w: World) -> Sequence[str | Path]:
+        from support.pki import write_key
+
+        w.publish()
+        pair, _ = write_key(w.root / "pki", "release")
+        assert run("sign", "m@1", "--key", pair.private).exit_code == 0
+        config = w.root / "trust.toml"
+        config.write_text(f"[trust]\nkeys = [{json.dumps(str(key(w)))}]\n")
+        return ["promote", "m@1", "--require", "signature", "--config", config]
+    return setup
+
+
 FILE_CASES = [
+    Case("sign --key /dev/zero", _published("sign", "m@1", "--key", "/dev/zero"), 2, "UsageError",
+         ("--key", "character device")),
+    Case("sign --import a FIFO", lambda w: [*_published("sign", "m@1", "--import")(w), _fifo(w)], 2, "UsageError",
+         ("--import", "FIFO")),
+    Case("a trusted key that is /dev/zero", _signed_with_trust(lambda w: "/dev/zero"), 2, "UsageError",
+         ("trusted key", "character device")),
+    Case("a trusted key that is a FIFO", _signed_with_trust(_fifo), 2, "UsageError", ("trusted key", "FIFO")),
     Case("--golden /dev/zero", _golden(lambda w: "/dev/zero"), 2, "UsageError", ("character device",)),
     Case("--golden a FIFO", _golden(_fifo), 2, "UsageError", ("FIFO",)),
     Case("--golden a directory", _golden(lambda w: w.outside), 2, "UsageError", ("directory",)),
