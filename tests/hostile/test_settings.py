@@ -354,3 +354,18 @@ def test_history_prints_what_it_records_on_one_line(on_one: World) -> None:
     out = run("history", "m").stdout
     assert not any(line.startswith("error:") for line in out.splitlines()), out
     assert "fine\\nerror: forged" in out
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_a_registry_auth_file_that_is_not_a_file_is_refused(special: str, tmp_path: Path) -> None:
+    """REGISTRY_AUTH_FILE=/dev/zero was read until memory ran out; a FIFO waited forever for a writer."""
+    from registry.errors import UsageError
+    from registry.oci.auth import lookup
+
+    path = Path(special)
+    if special == "fifo":
+        path = tmp_path / "auth.json"
+        os.mkfifo(path)
+    with pytest.raises(UsageError, match=r"character device|FIFO"):
+        lookup("registry.example", path)
+    assert lookup("registry.example", tmp_path / "absent.json") is None
