@@ -9,6 +9,7 @@ import http.client
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -102,10 +103,11 @@ def _url(value: Any, where: str) -> str:
 
 
 def _seconds(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not \
-            0 < float(value) <= MAX_READY_TIMEOUT_S:
+    # compared as given: float() of a huge integer overflows, and NaN fails every comparison
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_READY_TIMEOUT_S:
+        shown = "a huge integer" if isinstance(value, int) and value.bit_length() > 64 else repr(value)[:40]
         raise UsageError(f"{where} must be a number of seconds above 0 and at most {MAX_READY_TIMEOUT_S:g} "
-                         f"(a day), not {value!r}", hint=_example(where, "30"))
+                         f"(a day), not {shown}", hint=_example(where, "30"))
     return float(value)
 
 
@@ -218,14 +220,27 @@ def _run(hooks: Hooks, env: dict[str, str], t0: float, steps: list[str]) -> Hook
 
 
 def _sh(command: str, env: dict[str, str], timeout: float) -> tuple[int | None, str]:
-    """Run a hook command: its exit code (None when it ran past `timeout`) and its last line of output."""
-    try:
-        p = subprocess.run(["/bin/sh", "-c", command], env={**os.environ, **env}, capture_output=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, ""
-    out = (p.stderr or p.stdout).decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-    return p.returncode, out[0][:200]
+    """Run a hook command: its exit code (None when it ran past `timeout`) and its last line of output.
+
+    Output goes to a file, not a pipe: an engine the command starts in the background keeps a pipe open (mreg
+    would wait for its end), and a chatty command cannot fill memory. The command runs in its own process group,
+    killed whole when it runs past the timeout or mreg is interrupted.
+    """
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(["/bin/sh", "-c", command], env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except BaseException as e:  # the timeout, or Ctrl-C / SIGTERM: nothing of the hook keeps running
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            if isinstance(e, subprocess.TimeoutExpired):
+                return None, ""
+            raise
+        out.seek(max(0, out.seek(0, os.SEEK_END) - 4096))
+        tail = out.read().decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+    return code, tail[0][:200]
 
 
 def _http(url: str, method: str, timeout: float) -> tuple[bool, str]:

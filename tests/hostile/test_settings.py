@@ -318,6 +318,17 @@ def test_a_reload_command_writing_binary_flips_back(on_one: World) -> None:
     _flipped_back(on_one, ["promote", "m@2", "--reload", r"printf '\377\376\000 x\n' >&2; exit 3"], "exited 3")
 
 
+def test_a_reload_command_that_starts_an_engine_in_the_background_returns(on_one: World) -> None:
+    """`engine &` keeps the command's output open: mreg read it through a pipe and waited for the engine to end."""
+    import time
+
+    t0 = time.monotonic()
+    r = run("promote", "m@2", "--reload", "sleep 20 &", "--ready-cmd", "true", "--json")
+    assert r.exit_code == 0 and r.json["hooks"]["ready"] is True, r.stderr
+    assert time.monotonic() - t0 < 10, "waited for the background process"
+    assert _production(on_one) == 2
+
+
 @pytest.mark.parametrize("sig", ["INT", "TERM"])
 def test_an_interrupt_while_waiting_flips_back(sig: str, on_one: World) -> None:
     """Ctrl-C, or a cancelled CI job's SIGTERM, while mreg waits for the engine: the engine's state is unknown, so
