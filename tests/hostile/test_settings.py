@@ -380,3 +380,23 @@ def test_a_registry_auth_file_that_is_not_a_file_is_refused(special: str, tmp_pa
     with pytest.raises(UsageError, match=r"character device|FIFO"):
         lookup("registry.example", path)
     assert lookup("registry.example", tmp_path / "absent.json") is None
+
+
+def test_a_linked_import_asks_for_no_cache_space_and_a_copy_names_the_margin(world: World,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache's filesystem reported with 1 MiB free (the only thing faked: the free-space query): a linked
+    import writes no file bytes into the cache and goes ahead; a copy is refused, naming the margin it keeps."""
+    import shutil
+    import time
+
+    from registry.cache import plan
+
+    src = world.src
+    time.sleep(2.1)  # files younger than 2 s are copied, whatever is asked (their identity cannot prove them)
+    real = shutil.disk_usage
+    monkeypatch.setattr(plan.shutil, "disk_usage", lambda p: real(p)._replace(free=1 << 20))
+    r = run("pull", src, "--json")
+    assert r.exit_code == 0, r.stderr
+    r = run("pull", src, "--copy", "--json")
+    assert r.exit_code == 7, r.stderr
+    assert "64.0 MiB safety margin" in r.json["error"]["message"] and "1.0 MiB free" in r.json["error"]["message"]
