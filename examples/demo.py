@@ -80,8 +80,10 @@ def main() -> int:
         run("mount-check", "tiny-llama", "--mount-root", "/models")  # paths inside a container mounting the store
         # The format follows the hardware: a CPU/edge build of the retrained version, carrying its hf files.
         targets = ["--to", "gguf:Q4_K_M"]
+        formats = ["hf", "gguf"]
         if all(importlib.util.find_spec(m) for m in ("torch", "transformers", "onnx", "onnxruntime")):
             targets += ["--to", "onnx"]
+            formats.append("onnx")
         else:
             print("\n(ONNX skipped: install mreg[onnx] to export and verify it in ONNX Runtime too)")
         run("convert", "tiny-llama@2", *targets)  # version 3: hf carried as links, the new formats added
@@ -91,7 +93,7 @@ def main() -> int:
         run("rollback", "tiny-llama", "-m", "quantized answers drifted")
         run("list", "tiny-llama")
         run("verify", "--all")
-    print("\ndemo complete: pull → convert (hf, gguf, onnx) → promote → resolve → rollback, all offline")
+    print(f"\ndemo complete: pull → convert ({', '.join(formats)}) → promote → resolve → rollback, all offline")
     return 0
 
 

@@ -87,8 +87,10 @@ def pull(source: str, *, cache: str | Path, include: Sequence[str] = (), exclude
     to a loopback registry. A local directory is hashed and linked in place (trusted while its files are
     unchanged), or copied into the cache with `copy`."""
     from registry import cache as cache_pkg
+    from registry import provenance
     from registry.oci import reference
 
+    provenance.user()  # a bad MREG_USER is refused before the download, not when the record is written
     if reference.is_oci(source):
         from registry.oci import transfer
 
@@ -140,9 +142,11 @@ def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore,
     before anything is fetched (the CLI quiets huggingface_hub's bars there). `copy`: copies, never
     links: a local directory into the cache, the cache's files into the store.
     """
+    from registry import provenance
     from registry.cache import load_record
     from registry.convert.execute import convert as run
 
+    provenance.user()  # a bad MREG_USER is refused before any work, not when the manifest is written
     parsed = parse_targets(targets)
     check_targets(parsed)
     parent = version_source(store, source)
@@ -316,8 +320,18 @@ def _readable(store: Store, ref: Ref) -> Version | VerifyReport:
 def gc(store: Store, *, keep_history: int = 10, keep_latest: int = 3, grace_hours: float = 24.0,
        apply: bool = False) -> GCPlan:
     """What nothing needs any more (a plan), removed when `apply`: versions, blobs, interrupted writes, leases."""
+    import math
+
     from registry.store.gc import collect
 
+    for flag, count in (("--keep-history", keep_history), ("--keep-latest", keep_latest)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise UsageError(f"{flag} must be a whole number of 0 or more, not {count!r}",
+                             hint=f"e.g. {flag} 3 (0 keeps none for this reason; aliases are always kept)")
+    if isinstance(grace_hours, bool) or not isinstance(grace_hours, (int, float)) or not math.isfinite(grace_hours) \
+            or grace_hours < 0:
+        raise UsageError(f"--grace-hours must be a number of hours of 0 or more, not {grace_hours!r}",
+                         hint="e.g. --grace-hours 24 (uploads in flight younger than this are kept)")
     return collect(store, keep_history=keep_history, keep_latest=keep_latest, grace_s=grace_hours * 3600,
                    apply=apply)
 
@@ -434,8 +448,15 @@ def sign(store: LocalStore, ref: str, *, key: str | Path | None = None, certific
          import_bundle: str | Path | None = None) -> SignatureRecord:
     """Sign a version (its manifest's files and the manifest) with an EC key, or a key and its certificate chain;
     or keep a bundle the model_signing CLI made on the version directory. The record is kept beside the version."""
+    from registry.inputs import check_input
     from registry.store import signatures
 
+    # model-signing opens these itself: each a regular file of sane size first (/dev/zero would be read forever).
+    # PEM keys and certificates are a few KiB; a bundle lists one digest per file of the version.
+    for flag, given, limit in (("--key", [key], 1 << 20), ("--certificate", [certificate], 1 << 20),
+                               ("--chain", list(chain), 1 << 20), ("--import", [import_bundle], 64 << 20)):
+        for path in (p for p in given if p is not None):
+            check_input(path, flag, limit=limit, hint=f"give {flag} a PEM file (a bundle for --import)")
     v = store.resolve(parse_ref(ref))
     if import_bundle is not None:
         if key is not None or certificate is not None:

@@ -24,7 +24,7 @@ def temp_name(dest: Path, tag: str = "tmp") -> Path:
 
 _HOST = re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname())[:64]
 #: A temp name's writer: host, pid, then the unique part.
-_TEMP = re.compile(r"^\..+\.(?P<tag>[a-z]+)-(?P<host>[A-Za-z0-9_]+)-(?P<pid>[0-9]+)-[0-9a-f]{12}$")
+_TEMP = re.compile(r"\A\..+\.(?P<tag>[a-z]+)-(?P<host>[A-Za-z0-9_]+)-(?P<pid>[0-9]+)-[0-9a-f]{12}\Z")
 #: A temp left by another host is only removed once older than this: no write takes a day.
 FOREIGN_TEMP_AGE_S = 24 * 3600
 

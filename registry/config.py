@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.errors import UsageError
+from registry.inputs import decode_text, kind, read_input
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -18,6 +19,9 @@ else:  # pragma: no cover
 CACHE_ENV = "MREG_CACHE_DIR"
 STORE_ENV = "MREG_STORE"
 CONFIG_ENV = "MREG_CONFIG"
+#: A config file names a store, a cache, hooks and trust keys: a few KiB. The bound refuses a wrong path
+#: (`/dev/zero`, a checkpoint) before it is read into memory.
+MAX_CONFIG = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,11 @@ class Settings:
                 "no cache directory chosen",
                 hint=f"pass --cache-dir DIR, set {CACHE_ENV}, or set cache_dir in {self.config_path}",
             )
-        return Path(self.cache_dir.value).expanduser().absolute()
+        root = Path(self.cache_dir.value).expanduser().absolute()
+        if root.exists() and not root.is_dir():  # /dev/null, a file: every write under it would fail mid-pull
+            raise UsageError(f"the cache {root} ({self.cache_dir.origin}) is {kind(root.stat().st_mode)}, not a "
+                             "directory", hint=f"give a directory with --cache-dir or {CACHE_ENV}")
+        return root
 
     def require_store(self) -> str:
         """The store location, or a usage error that says how to choose one."""
@@ -72,16 +80,23 @@ def load(config: str | None = None, cache_dir: str | None = None, store: str | N
     else:
         path, explicit = default_config_path(), False
     raw: dict[str, Any] = {}
-    if path.exists():
+    exists = os.path.lexists(path)
+    if exists:
+        what = "config file"
+        hint = "give a TOML file of at most 1 MiB (see the README's config section), or drop --config / MREG_CONFIG"
+        text = decode_text(read_input(path, what, limit=MAX_CONFIG, hint=hint), path, what, hint=hint)
         try:
-            raw = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
             raise UsageError(f"config file {path} is not valid TOML: {e}", hint="fix or remove the file") from e
+        except RecursionError:  # nesting deeper than the parser's stack
+            raise UsageError(f"config file {path} is not valid TOML: nested too deeply",
+                             hint="fix or remove the file") from None
     elif explicit:
         raise UsageError(f"config file {path} does not exist", hint="create it or drop --config / MREG_CONFIG")
     return Settings(
         config_path=path,
-        config_exists=path.exists(),
+        config_exists=exists,
         cache_dir=_pick(cache_dir, CACHE_ENV, raw, "cache_dir", path),
         store=_pick(store, STORE_ENV, raw, "store", path),
         raw=raw,

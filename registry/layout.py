@@ -70,8 +70,8 @@ CACHE_BLOBS = "blobs"
 CACHE_SNAPSHOTS = "snapshots"
 CACHE_REFS = "refs"
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-ALIAS_RE = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+ALIAS_RE = re.compile(r"\A[a-z][a-z0-9_-]{0,63}\Z")
 #: Names under models/<name>/ that are not aliases (and "history", the log's stem, and "tmp", for readability).
 RESERVED_ALIASES = frozenset({VERSIONS, CHECKS, BASELINES, SIGNATURES, HISTORY.split(".")[0], TMP})
 #: What mreg keeps in models/<name>/ besides aliases (and its own hidden temp names): directories, then files.

@@ -9,7 +9,10 @@ from registry import layout
 from registry.errors import UsageError
 
 LATEST = "latest"
-_HEX = re.compile(r"^[0-9a-f]{6,64}$")
+_HEX = re.compile(r"\A[0-9a-f]{6,64}\Z")
+#: A version number: ASCII digits only (`str.isdigit` and `int` also take '²' and '١'), and few enough that no
+#: store holds more versions (18 digits stay within a 64-bit integer; `int` refuses 4,300 digits with a traceback).
+_NUMBER = re.compile(r"\A[0-9]{1,18}\Z")
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,7 @@ class Ref:
     @property
     def number(self) -> int | None:
         """The version number when the reference is one."""
-        return int(self.ref) if self.ref.isdigit() else None
+        return int(self.ref) if is_number(self.ref) else None
 
     @property
     def is_digest_prefix(self) -> bool:
@@ -38,11 +41,30 @@ def parse_ref(text: str, default: str = LATEST) -> Ref:
     name, _, ref = text.partition("@")
     check_name(name)
     ref = ref or default
-    if not (ref.isdigit() or layout.ALIAS_RE.match(ref) or _HEX.match(ref)):
-        raise UsageError(f"bad reference {text!r}", hint="use NAME@<version>, NAME@<alias> or NAME@<digest prefix>")
-    if ref.isdigit() and int(ref) < 1:
+    if not (is_number(ref) or layout.ALIAS_RE.match(ref) or _HEX.match(ref)):
+        raise UsageError(f"bad reference {_shown(text)!r}",
+                         hint="use NAME@<version>, NAME@<alias> or NAME@<digest prefix> (ASCII digits and letters)")
+    if is_number(ref) and int(ref) < 1:
         raise UsageError(f"bad version number in {text!r}", hint="versions are numbered from 1")
     return Ref(name, ref)
+
+
+def is_number(text: str) -> bool:
+    """Whether a string is a version number as mreg writes one: 1 to 18 ASCII digits."""
+    return bool(_NUMBER.match(text))
+
+
+def version_number(text: str, what: str) -> int:
+    """A version number given as `what` (`--to`, `--expect`): ASCII digits, from 1, or a usage error."""
+    if not is_number(text) or int(text) < 1:
+        raise UsageError(f"bad {what} value {_shown(text)!r}: not a version number",
+                         hint="versions are numbered from 1 (ASCII digits); `mreg list NAME` shows them")
+    return int(text)
+
+
+def _shown(text: str) -> str:
+    """A user's string cut to a length an error line can hold."""
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def is_name(text: str) -> bool:
@@ -54,7 +76,7 @@ def check_name(name: str) -> str:
     """A model name must be one safe path segment."""
     if not is_name(name):
         raise UsageError(
-            f"bad model name {name!r}",
+            f"bad model name {_shown(name)!r}",
             hint="use letters, digits, '.', '_' and '-' (at most 128, starting with a letter or digit)",
         )
     return name
@@ -64,7 +86,7 @@ def check_alias(alias: str) -> str:
     """An alias must be a lower-case word that cannot be mistaken for a version or a reserved name."""
     if not layout.ALIAS_RE.match(alias) or alias in layout.RESERVED_ALIASES or alias == LATEST:
         raise UsageError(
-            f"bad alias name {alias!r}",
+            f"bad alias name {_shown(alias)!r}",
             hint="use a lower-case word such as production or staging (not "
                  f"{', '.join(sorted(layout.RESERVED_ALIASES))} or {LATEST})",
         )

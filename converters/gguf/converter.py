@@ -38,11 +38,12 @@ import numpy as np
 
 from converters.gguf import auto, heap, imatrix, overlap, quality
 from converters.gguf import evaluation as texts
-from converters.gguf.file import HashingWriter, direct_io, header, page_in, release
+from converters.gguf.file import HashingWriter, direct_io, direct_io_setting, header, page_in, release
 from converters.gguf.mix import FILE_TYPES
 from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan, check_architecture
 from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, needs_imatrix, plans
 from converters.gguf.quants import Floats, backend, ggml_available, needs_ggml, nonfinite, quantize
+from converters.gguf.quants import check_settings as check_quantizer
 from manifests import Artifact, GGUFImportance, GGUFRequirements, GGUFSelection, Manifest, Verification
 from registry import atomic
 from registry.convert.configs import check_configs
@@ -306,6 +307,8 @@ class GGUFConverter(ConverterBase):
         the budget and the candidates; `evaluation=` / `tokens=` -> the evaluation text, hashed;
         `calibration=PATH` / `imatrix=PATH` (what --calibration folds into the spec) -> the text's or the file's
         digest and chunking (see imatrix.options)."""
+        check_quantizer()  # the environment's settings, refused before any download rather than mid-write
+        direct_io_setting()
         spec = spec_of("gguf", raw, hint="use --to gguf:Q4_K_M") or DEFAULT_TYPE
         head, *rest = [part.strip() for part in spec.split(",")]
         qtype = head.upper()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.errors import IntegrityError, UsageError
+from registry.inputs import decode_text, read_input
 
 DEFAULT = Path(__file__).parent / "data" / "evaluation.txt"
 DEFAULT_TOKENS = 512
@@ -38,16 +39,8 @@ HINT = "use --evaluation default, or a UTF-8 text file of up to 16 MiB"
 
 
 def _read(path: Path, shown: str) -> bytes:
-    try:
-        if path.stat().st_size > MAX_BYTES:
-            raise UsageError(f"--evaluation {shown}: larger than 16 MiB", hint=HINT)
-        data = path.read_bytes()
-    except OSError as e:
-        raise UsageError(f"--evaluation {shown}: cannot read it ({e.strerror or e})", hint=HINT) from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"--evaluation {shown}: not UTF-8 text", hint=HINT) from None
+    data = read_input(path, "--evaluation", limit=MAX_BYTES, hint=HINT)  # a regular file: not /dev/zero, a FIFO
+    text = decode_text(data, shown, "--evaluation", hint=HINT)
     if not text.strip():
         raise UsageError(f"--evaluation {shown}: the file is empty", hint=HINT)
     return data

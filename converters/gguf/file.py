@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from registry.digest import EarlyWriteback
+from registry.errors import UsageError
 
 ALIGNMENT = 32
 GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
@@ -218,6 +219,22 @@ class HashingWriter:
 DIRECT_MIN_BYTES = 1 << 30
 
 
+DIRECT_IO_ENV = "MREG_GGUF_DIRECT_IO"
+
+
+def direct_io_setting() -> bool | None:
+    """MREG_GGUF_DIRECT_IO: 1 (always around the page cache), 0 (never), unset (decided by size); anything else
+    is a usage error, so that a typo does not silently fall back to the size rule."""
+    value = os.environ.get(DIRECT_IO_ENV)
+    if not value:
+        return None
+    if value not in ("0", "1"):
+        raise UsageError(f"{DIRECT_IO_ENV}={value[:40]!r} is not 0 or 1",
+                         hint=f"set {DIRECT_IO_ENV}=1 (write around the page cache) or 0 (never), or unset it "
+                              "(decided by the file's size)")
+    return value == "1"
+
+
 def direct_io(file_bytes: int, source_bytes: int) -> bool:
     """Whether a GGUF file is written around the page cache: from 1 GiB on, and whenever it and its source
     together pass half the machine's memory (MREG_GGUF_DIRECT_IO=1 or 0 decides instead).
@@ -234,9 +251,9 @@ def direct_io(file_bytes: int, source_bytes: int) -> bool:
     release the F16 verification took 3.7-3.9 s against 1.7-2.1 (three alternating pairs). The price: a later
     read of the source (gguf:auto's next candidate) comes from disk.
     """
-    forced = os.environ.get("MREG_GGUF_DIRECT_IO")
-    if forced in ("0", "1"):
-        return forced == "1"
+    forced = direct_io_setting()
+    if forced is not None:
+        return forced
     if file_bytes >= DIRECT_MIN_BYTES:
         return True
     try:

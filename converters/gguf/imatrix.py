@@ -23,6 +23,7 @@ tensors, sorted by name:  <name>.in_sum2  F32 [ncols, nmat]     <name>.counts  F
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -40,6 +41,7 @@ from converters.gguf.model import _EXPERT, ModelPlan
 from converters.gguf.quants.blocks import Floats
 from registry.digest import sha256_file
 from registry.errors import MregError, UsageError
+from registry.inputs import open_input
 
 #: The calibration text mreg ships (`--calibration default`), and llama-imatrix's default chunk size.
 DEFAULT_CALIBRATION = Path(__file__).parent / "data" / "calibration.txt"
@@ -375,10 +377,19 @@ def options(file_type: str, tokens: dict[str, str]) -> dict[str, Any]:
     return {} if file_type in UNWEIGHTED_FILE_TYPES else out
 
 
+#: What each flag's file may hold. Calibration texts people pass to llama-imatrix are a few MiB; 256 MiB is far more
+#: text than an importance matrix is computed over. An importance matrix holds one float per input column per
+#: expert: about 1 GiB for the largest MoE models (256 experts, 61 layers), so 4 GiB bounds every real one.
+MAX_FILE = {"--calibration": 256 << 20, "--imatrix": 4 << 30}
+
+
 def _digest(path: Path, flag: str) -> str:
-    if not path.is_file():
-        raise UsageError(f"{flag} {path}: no such file", hint=_HINT)
-    digest = sha256_file(path)
+    # A regular file of sane size: /dev/zero or a FIFO would be hashed forever.
+    with open_input(path, flag, limit=MAX_FILE[flag], hint=_HINT) as f:
+        h = hashlib.sha256()
+        while chunk := f.read(4 << 20):
+            h.update(chunk)
+    digest = h.hexdigest()
     _PATHS[digest] = path.resolve()
     return digest
 

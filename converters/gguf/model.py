@@ -119,6 +119,7 @@ def rope_settings(config: dict[str, Any]) -> tuple[float | None, str, dict[str, 
     transformers 4 writes `rope_theta` + `rope_scaling`, 5 `rope_parameters`. A scaling without
     `original_max_position_embeddings` gets the model's `max_position_embeddings`, as transformers reads it.
     """
+    _check_rope(config)
     params = config.get("rope_parameters") or {}
     theta = config.get("rope_theta", params.get("rope_theta"))
     rope = dict(config.get("rope_scaling") or params)
@@ -126,6 +127,42 @@ def rope_settings(config: dict[str, Any]) -> tuple[float | None, str, dict[str, 
     if kind != "default" and not rope.get("original_max_position_embeddings") and config.get("max_position_embeddings"):
         rope["original_max_position_embeddings"] = config["max_position_embeddings"]
     return (None if theta is None else float(theta)), kind, rope
+
+
+#: The numbers of a rope table that the GGUF metadata or the reference pass compute with.
+_ROPE_NUMBERS = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "attention_factor", "beta_fast",
+                 "beta_slow", "partial_rotary_factor")
+
+
+def _check_rope(config: dict[str, Any]) -> None:
+    """Every rope setting a number where one is computed with (`"factor": "big"` is refused here, by name,
+    rather than failing deep in a float() or a numpy call)."""
+    if config.get("rope_theta") is not None:
+        _number(config, "rope_theta", 1.0)
+    for label in ("rope_scaling", "rope_parameters"):
+        table = config.get(label)
+        if table is None:
+            continue
+        if not isinstance(table, dict):
+            raise InconsistentModel(f"config.json {label} is {type(table).__name__}, not an object",
+                                    hint="fix config.json: it must describe the weights it ships with")
+        # transformers 5 nests one table per attention kind (Gemma 3's full_attention, sliding_attention)
+        for where, sub in [(label, table), *((f"{label}.{k}", v) for k, v in table.items() if isinstance(v, dict))]:
+            for key in _ROPE_NUMBERS:
+                if sub.get(key) is not None:
+                    _number(sub, key, 1.0, label=f"{where}.{key}")
+            for key in ("mscale", "mscale_all_dim"):  # 0 means "no gain", so these may be 0
+                value = sub.get(key)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                          or not 0 <= value < float("inf")):
+                    raise InconsistentModel(f"config.json {where}.{key} = {_shown(value)} is not a number of 0 or "
+                                            "more", hint="fix config.json: it must describe the weights it ships with")
+            if sub.get("original_max_position_embeddings") is not None:
+                _size(sub, "original_max_position_embeddings", label=f"{where}.original_max_position_embeddings")
+            kind = sub.get("rope_type", sub.get("type"))
+            if kind is not None and not isinstance(kind, str):
+                raise InconsistentModel(f"config.json {where}.rope_type = {kind!r} is not a name",
+                                        hint="fix config.json: it must describe the weights it ships with")
 
 
 def _rope_metadata(arch: str, config: dict[str, Any], head_dim: int) -> tuple[list[tuple[str, Any]], Floats | None]:
@@ -265,6 +302,7 @@ def _metadata(arch: str, config: dict[str, Any], name: str,
     meta: list[tuple[str, Any]] = [("general.architecture", arch), ("general.type", "model"), ("general.name", name)]
     eps = _number(config, "rms_norm_eps", 1e-6)
     n["context"] = _size(config, "max_position_embeddings", 4096)
+    _check_rope(config)  # the family paths below read the same tables
     try:
         if arch == "phi3":
             more, extra = families.phi3(config, n, eps)
@@ -313,24 +351,32 @@ def _metadata(arch: str, config: dict[str, Any], name: str,
 MAX_SIZE = 1 << 31
 
 
-def _size(config: dict[str, Any], key: str, default: int | None = None) -> int:
-    """A positive integer field of config.json, or a one-line refusal naming it."""
+def _size(config: dict[str, Any], key: str, default: int | None = None, *, label: str | None = None) -> int:
+    """A positive integer field of config.json, or a one-line refusal naming it (as `label`, when nested)."""
     value = config.get(key, default)
     if value is None:
-        raise UnsupportedModel(f"config.json lacks {key}", hint="the snapshot's config.json is incomplete")
+        raise UnsupportedModel(f"config.json lacks {label or key}", hint="the snapshot's config.json is incomplete")
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SIZE:
-        raise InconsistentModel(f"config.json {key} = {value!r} is not a size (a whole number from 1 to 2^31)",
-                                hint="fix config.json: it must describe the weights it ships with")
+        raise InconsistentModel(f"config.json {label or key} = {_shown(value)} is not a size (a whole number from 1 "
+                                "to 2^31)", hint="fix config.json: it must describe the weights it ships with")
     return value
 
 
-def _number(config: dict[str, Any], key: str, default: float) -> float:
+def _number(config: dict[str, Any], key: str, default: float, *, label: str | None = None) -> float:
     """A finite, positive float field of config.json (absent: the default)."""
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-        raise InconsistentModel(f"config.json {key} = {value!r} is not a positive number",
+        raise InconsistentModel(f"config.json {label or key} = {_shown(value)} is not a positive number",
                                 hint="fix config.json: it must describe the weights it ships with")
     return float(value)
+
+
+def _shown(value: Any) -> str:
+    """A config value for an error line, cut short (a 5,000-digit number, a long string)."""
+    if isinstance(value, int) and value.bit_length() > 64:  # repr() refuses past 4,300 digits
+        return f"a {value.bit_length()}-bit integer"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def config_sizes(config: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:

@@ -57,7 +57,7 @@ HARDWARE = ("none", "ampere+", "same-cc")
 GRAMMAR = ("comma-separated: backend=tensorrt-rtx|tensorrt, target=sm_86+sm_89, precision=fp32|fp16, "
            "shapes=NAME=MINxDIMS:OPT:MAX;NAME=…, hwcompat=none|ampere+|same-cc, version-compatible "
            "(e.g. --to tensorrt:target=sm_86+sm_89,precision=fp16)")
-_SHAPE = re.compile(r"^\d+(x\d+)*$")
+_SHAPE = re.compile(r"\A[0-9]+(x[0-9]+)*\Z")
 
 
 def _shape(text: str, where: str) -> list[int]:

@@ -16,9 +16,9 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 SPACE_MARGIN = 64 << 20
 
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_COMMIT = re.compile(r"\A[0-9a-f]{40}\Z")
 
-_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_REPO = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?\Z")
 
 
 @dataclass(frozen=True)
@@ -137,8 +137,8 @@ def check_space(plan: PullPlan, where: Path) -> PullPlan:
     free = shutil.disk_usage(where).free
     if plan.missing_bytes + SPACE_MARGIN > free:
         raise InsufficientSpace(
-            f"{plan.repo}@{plan.commit[:12]} needs {human_size(plan.missing_bytes)} "
-            f"but {where} has {human_size(free)} free",
+            f"{plan.repo}@{plan.commit[:12]} needs {human_size(plan.missing_bytes)} plus a "
+            f"{human_size(SPACE_MARGIN)} safety margin, but {where} has {human_size(free)} free",
             hint="free space, choose a larger --cache-dir, or narrow the pull with --include/--exclude",
         )
     return PullPlan(**{**plan.__dict__, "free_bytes": free})

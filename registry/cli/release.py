@@ -13,7 +13,7 @@ from registry.cli.options import any_store, config_option, json_option, local_st
 from registry.cli.render import Output, table
 from registry.convert import formats
 from registry.errors import CheckFailed, IntegrityError, MregError
-from registry.refs import check_alias, check_name
+from registry.refs import check_alias, check_name, version_number
 from registry.release.expect import parse_expect
 
 if TYPE_CHECKING:
@@ -126,23 +126,24 @@ def mount_check_cmd(name: str, alias: str, mount_root: str | None, full: bool, c
 @click.command("rollback")
 @click.argument("name")
 @click.option("--alias", default="production", show_default=True, help="Alias to move back.")
-@click.option("--to", "to", type=int, help="Go to this version instead of the previous one.")
+@click.option("--to", "to", metavar="VERSION", help="Go to this version instead of the previous one.")
 @click.option("--expect", metavar="VERSION", help="Only if the alias currently points here (else exit 5).")
 @click.option("-m", "--message", help="Why (recorded in the history).")
 @config_option
 @store_option
 @json_option
-def rollback_cmd(name: str, alias: str, to: int | None, expect: str | None, message: str | None,
+def rollback_cmd(name: str, alias: str, to: str | None, expect: str | None, message: str | None,
              config_path: str | None, store: str | None, as_json: bool) -> None:
     """Move an alias back to the version it pointed at before; repeat to walk further back."""
+    target = None if to is None else version_number(to, "--to")  # a usage error before the store is opened
     st = any_store(settings_for(config_path, store=store))
-    change = api.rollback(st, name, alias=alias, to=to, expect=parse_expect(expect), reason=message)
+    change = api.rollback(st, name, alias=alias, to=target, expect=parse_expect(expect), reason=message)
     Output(as_json).result(_change_doc(change), _change_text(change))
 
 
 @click.command("check")
 @click.argument("ref", metavar="NAME@REF")
-@click.option("--golden", required=True, type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--golden", required=True, type=click.Path(path_type=Path),
               help="Golden cases, one JSON object per line.")
 @click.option("--format", "fmt", type=click.Choice(formats.runnable()),
               help="Artifact to run (default: " + ", else ".join(formats.runnable()) + ").")

@@ -100,7 +100,9 @@ class BarProgress:
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
-    """A plain aligned text table."""
+    """A plain aligned text table; a cell holding a newline (a name, a reason, a user someone typed) stays in its
+    row instead of forging one."""
+    rows = [[one_line(str(c)) for c in r] for r in rows]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=False)).rstrip()]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows]

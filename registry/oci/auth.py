@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from registry.errors import UsageError
+from registry.inputs import read_input
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,14 @@ def _host_key(key: str) -> str:
 def lookup(host: str, path: Path | None = None) -> Credentials | None:
     """The credentials the auth file (or its helper) has for a registry host, if any."""
     path = path or auth_file()
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
+    hint = "fix or remove it, or point REGISTRY_AUTH_FILE at another file"
+    if not os.path.exists(path):  # no auth file (or a dangling link): no credentials
         return None
+    try:
+        # a regular file of sane size (a few KiB per registry): REGISTRY_AUTH_FILE=/dev/zero would be read forever
+        doc = json.loads(read_input(path, "the registry auth file", limit=4 << 20, hint=hint))
     except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read the registry auth file {path}: {type(e).__name__}",
-                         hint="fix or remove it, or point REGISTRY_AUTH_FILE at another file") from None
+        raise UsageError(f"cannot read the registry auth file {path}: {type(e).__name__}", hint=hint) from None
     if not isinstance(doc, dict):
         raise UsageError(f"the registry auth file {path} is not a JSON object", hint="fix or remove it")
     want = _host_key(host)

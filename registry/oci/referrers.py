@@ -23,7 +23,7 @@ from registry.errors import Conflict
 from registry.oci import media
 
 #: How a tag-schema index is found: the subject's digest with `:` replaced by `-`.
-TAG_SCHEMA = re.compile(r"^sha256-[0-9a-f]{64}$")
+TAG_SCHEMA = re.compile(r"\Asha256-[0-9a-f]{64}\Z")
 
 
 def tag_for(subject: str) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from manifests import HistoryEntry
 from registry import provenance
-from registry.errors import Conflict, GateRefused, NotFound
+from registry.errors import Conflict, GateRefused, NotFound, UsageError
 from registry.refs import check_alias, check_name
 from registry.release.gates import check_gates
 from registry.store.protocol import HistoryLoader, Store, Version
@@ -90,6 +90,9 @@ def rollback(
     """Return `alias` to the version it pointed at before (or to `to`), from the history."""
     check_name(name)
     check_alias(alias)
+    if to is not None and (isinstance(to, bool) or not isinstance(to, int) or to < 1):
+        raise UsageError(f"bad rollback target {to!r}: not a version number", hint="versions are numbered from 1")
+
     def decide(current: int | None, history: HistoryLoader) -> HistoryEntry | None:
         if current is None:
             raise NotFound(f"{name} has no alias {alias}", hint=f"run `mreg promote {name}@VERSION --alias {alias}`")

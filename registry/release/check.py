@@ -27,6 +27,7 @@ from registry import atomic, layout, provenance
 from registry.convert import formats
 from registry.convert.protocol import Session
 from registry.errors import IntegrityError, NotFound, UsageError
+from registry.inputs import decode_text, read_input
 from registry.store import entries
 from registry.store.local import LocalStore
 from registry.store.protocol import Store, Version
@@ -41,14 +42,17 @@ class GoldenSet:
     cases: tuple[GoldenCase, ...]
 
 
+#: A golden set runs every case through the model: 16 MiB of prompts (thousands of long cases) is more than any
+#: check is run on, and a wrong path (a checkpoint, /dev/zero) is refused before it fills memory.
+MAX_GOLDEN = 16 << 20
+
+
 def load_golden(path: Path) -> GoldenSet:
     """Parse a golden JSONL file; every problem is reported at once, with its line number."""
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise NotFound(f"golden file {path} cannot be read: {e.strerror}", hint="check the --golden path") from e
+    hint = 'give a UTF-8 file of at most 16 MiB, one JSON case per line: {"id", "prompt"|"messages"|"text", "expect"}'
+    raw = read_input(path, "--golden", limit=MAX_GOLDEN, hint=hint, missing=NotFound)
     cases, problems = [], []
-    for i, line in enumerate(raw.decode().splitlines(), 1):
+    for i, line in enumerate(decode_text(raw, path, "--golden", hint=hint).splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
@@ -58,7 +62,8 @@ def load_golden(path: Path) -> GoldenSet:
     ids = [c.id for c in cases]
     problems += [f"duplicate case id {d!r}" for d in sorted({i for i in ids if ids.count(i) > 1})]
     if problems or not cases:
-        raise UsageError(f"{path} is not a valid golden file: " + ("; ".join(problems) or "no cases"),
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise UsageError(f"{path} is not a valid golden file: " + (shown or "no cases"),
                          hint="one JSON object per line: {\"id\", \"prompt\"|\"messages\"|\"text\", \"expect\"}")
     return GoldenSet(path.stem, hashlib.sha256(raw).hexdigest(), tuple(cases))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from registry.errors import UsageError
+from registry.refs import is_number
 
 #: `--expect none`: the alias must not exist yet.
 NONE = "none"
@@ -14,6 +15,6 @@ def parse_expect(text: str | None) -> int | str | None:
         return ""
     if text.lower() == NONE:
         return None
-    if text.isdigit() and int(text) > 0:
+    if is_number(text) and int(text) > 0:
         return int(text)
-    raise UsageError(f"bad --expect value {text!r}", hint="give a version number, or `none` for a new alias")
+    raise UsageError(f"bad --expect value {text[:80]!r}", hint="give a version number, or `none` for a new alias")

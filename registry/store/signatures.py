@@ -28,6 +28,7 @@ from typing import Any, Literal
 from manifests import SignatureRecord
 from registry import atomic, layout, provenance
 from registry.errors import IntegrityError, UsageError
+from registry.inputs import check_input, read_input
 from registry.store.local import LocalStore
 from registry.store.protocol import Version
 from registry.store.trust import TrustPolicy
@@ -218,7 +219,9 @@ def key_id(public_key_pem: Path) -> str:
     """The key id model-signing gives a public key: sha256 of its PEM (SubjectPublicKeyInfo) encoding."""
     from cryptography.hazmat.primitives import serialization
 
-    key = serialization.load_pem_public_key(public_key_pem.read_bytes())
+    pem_bytes = read_input(public_key_pem, "trusted key", limit=1 << 20,  # a PEM key is a few hundred bytes
+                           hint="give PEM elliptic-curve public keys in the trust policy")
+    key = serialization.load_pem_public_key(pem_bytes)
     pem = key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(pem).hexdigest()
 
@@ -304,6 +307,8 @@ def _verify_certificate(sig: Any, policy: TrustPolicy, now: dt.datetime | None) 
     chained = False
     for root in policy.roots:
         try:
+            check_input(root.cert, "trusted root", limit=1 << 20,  # model-signing reads it: a regular PEM file
+                        hint="give PEM CA certificates as roots in the trust policy")
             verifier = sign_certificate.Verifier([root.cert])
         except (OSError, ValueError) as e:
             raise UsageError(f"trusted root {root.cert} ({policy.origin}) cannot be read: {e}",

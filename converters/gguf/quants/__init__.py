@@ -50,6 +50,7 @@ from converters.gguf.quants.blocks import (
     row_bytes,
 )
 from converters.gguf.quants.kquants import q2_k, q3_k, q4_k, q5_k, q6_k
+from registry.errors import UsageError
 
 __all__ = ["BLOCK", "NUMPY_TYPES", "Bytes", "Floats", "backend", "encoder", "ggml_available", "native_available",
            "needs_ggml", "nonfinite", "quantize", "row_bytes", "widen_bf16"]
@@ -94,9 +95,24 @@ def _native_kernel() -> ctypes.CDLL | None:
     return lib
 
 
+QUANTIZER_ENV = "MREG_GGUF_QUANTIZER"
+#: Its values: unset or auto (the fastest encoder here), numpy, ggml.
+QUANTIZERS = ("auto", "numpy", "ggml")
+
+
 def _forced() -> str:
-    """MREG_GGUF_QUANTIZER: "numpy" (mreg's numpy encoders only), "ggml" (llama.cpp's, mreg's kernel off), or auto."""
-    return os.environ.get("MREG_GGUF_QUANTIZER", "auto")
+    """MREG_GGUF_QUANTIZER: "numpy" (mreg's numpy encoders only), "ggml" (llama.cpp's, mreg's kernel off), or auto;
+    any other value is a usage error (a typo must not silently pick the default)."""
+    value = os.environ.get(QUANTIZER_ENV) or "auto"
+    if value not in QUANTIZERS:
+        raise UsageError(f"{QUANTIZER_ENV}={value[:40]!r} is not one of {', '.join(QUANTIZERS)}",
+                         hint=f"set {QUANTIZER_ENV} to numpy or ggml, or unset it (auto)")
+    return value
+
+
+def check_settings() -> None:
+    """Refuse a bad MREG_GGUF_QUANTIZER before any work (it is otherwise read only when a tensor is encoded)."""
+    _forced()
 
 
 def native_available() -> bool:

@@ -107,7 +107,7 @@ def test_auto_refusals_before_any_work(mreg: Any, tiny_model: Callable[..., Path
     for args, needle in (
         (["--to", "gguf:Q8_0", "--budget", "kl=0.1"], "goes with gguf:auto"),
         (["--to", "gguf:auto", "--budget", "kl=lots"], "cannot read 'kl=lots'"),
-        (["--to", "gguf:auto", "--evaluation", str(tmp_path / "absent.txt")], "cannot read it"),
+        (["--to", "gguf:auto", "--evaluation", str(tmp_path / "absent.txt")], "no such file"),
         (["--to", "hf", "--budget", "kl=0.1"], "go with --to gguf"),
         (["--to", "gguf:auto", "--eval-tokens", "1"], "not a number of tokens"),
     ):
