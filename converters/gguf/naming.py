@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from registry.convert.configs import read_object
+
+if TYPE_CHECKING:
+    from manifests import SourceInfo
 
 #: How much of README.md is read for its front matter (model cards put it first; a card is a few KiB).
 CARD_BYTES = 256 * 1024
@@ -63,8 +66,17 @@ def model_card(directory: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def source_name(source: SourceInfo) -> str:
+    """The name of the directory a source came from: a local import's own directory (its `repo` is a slug with a
+    digest), else the repository id's name part."""
+    if source.kind == "local" and source.requested_revision:
+        return Path(source.requested_revision).name
+    return source.repo.rstrip("/").rsplit("/", 1)[-1]
+
+
 def general_name(directory: Path, source: str) -> str:
-    """The model's name for `general.name`: the card's, config.json's repository id, or the source's last part."""
+    """The model's name for `general.name`: the card's, config.json's repository id, or `source` (the name of the
+    directory it came from, `source_name`) as a title."""
     card = model_card(directory)
     for key in ("name", "model_name"):
         value = card.get(key)
@@ -73,5 +85,4 @@ def general_name(directory: Path, source: str) -> str:
     path = (read_object(directory / "config.json") or {}).get("_name_or_path")
     if isinstance(path, str) and path.strip() and path.count("/") <= 1 and _full_name(path):
         return id_to_title(_full_name(path))
-    last = source.rstrip("/").rsplit("/", 1)[-1]
-    return id_to_title(last) or "model"
+    return id_to_title(source) or "model"

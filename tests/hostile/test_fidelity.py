@@ -95,7 +95,7 @@ def test_a_hostile_model_card_falls_back_to_the_directory_name(card: str, tmp_pa
     src.mkdir()
     (src / "README.md").write_bytes(CARDS[card])
     (src / "config.json").write_text("{}")
-    name = general_name(src, str(src))
+    name = general_name(src, src.name)
     assert name == "Tiny Llama v2", name
     assert not (tmp_path / "HOSTILE").exists() and not Path("HOSTILE").exists()
 
