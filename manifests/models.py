@@ -99,7 +99,8 @@ class Verification(_Record):
         """What did not run, in plain words; for a manifest of an older mreg, read from `detail`, which alone said
         that llama.cpp never loaded a GGUF it recorded as passed."""
         if self._legacy():
-            return ("not loaded by llama.cpp: llama-cpp-python was not installed (recorded as passed by an older mreg)",)
+            return ("not loaded by llama.cpp: llama-cpp-python was not installed (an older mreg recorded it as "
+                    "passed)",)
         return self.not_run
 
     def loaded(self) -> bool:

@@ -406,7 +406,8 @@ class GGUFConverter(ConverterBase):
         types = [r.options["type"] for r in requests]  # distinct: registry.convert.execute refuses a target given twice
         weighted = [bool(r.options.get("calibration") or r.options.get("imatrix")) for r in requests]
         # general.name is the model's own (llama.cpp applies rules by name), never the store's.
-        planned = plans(directory, shards, types, general_name(directory, source_name(first.source)), has_imatrix=weighted)
+        planned = plans(directory, shards, types, general_name(directory, source_name(first.source)),
+                        has_imatrix=weighted)
         _refuse_unencodable(planned, weighted)
         made = self._importance(requests, directory, base, planned[0])
         imps = [made[0] if w and made else None for w in weighted]

@@ -4,8 +4,8 @@
    offset, its first and last bytes those streamed there; every metadata key with its value.
 2. Each tensor's encoding error (gguf's own dequantizer on sampled rows) under its type's bound.
 3. When llama-cpp-python is installed: llama.cpp loads the file and tokenizes test strings to
-   the same ids as the source's tokenizer as the checkpoint configures it (transformers, else the tokenizer
-   libraries: `converters.gguf.tokenization`), and its logits on a fixed prompt are compared with mreg's streaming float32
+   the same ids as the source's tokenizer as its tokenizer_config.json configures it
+   (`converters.gguf.tokenization`), and its logits on a fixed prompt are compared with mreg's streaming float32
    forward pass of the safetensors source (`converters.gguf.reference`, tested equal to
    transformers; its memory stays flat whatever the model size), or on the first tokens of an evaluation text
    (`--evaluation`, see `converters.gguf.evaluation`): for F32, F16 and BF16 an integrity

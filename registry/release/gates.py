@@ -38,9 +38,7 @@ def check_gates(version: Version, requirements: Sequence[str] = (), store: Store
         if req == "signature":
             problems += _signature_gate(version, store, trust or TrustPolicy())
         elif req == "loaded":
-            problems += [f"{a.format} artifact was never loaded and run by its runtime (verification {a.verification.status}"
-                         f"{': ' + '; '.join(a.verification.unrun()) if a.verification.unrun() else ''})"
-                         for a in version.manifest.artifacts if not a.verification.loaded()]
+            problems += [_never_loaded(a) for a in version.manifest.artifacts if not a.verification.loaded()]
         elif kind == "check":
             problems += check_problems(store, version, req) if store is not None else [
                 f"{req}: no store to read check records from"]
@@ -52,6 +50,12 @@ def check_gates(version: Version, requirements: Sequence[str] = (), store: Store
         elif kind not in formats:
             problems.append(f"no {kind} artifact (required by --require {req})")
     return problems
+
+
+def _never_loaded(art: Artifact) -> str:
+    v = art.verification
+    why = "; ".join((v.status, *v.unrun()))
+    return f"{art.format} artifact was never loaded and run by its runtime (verification {why})"
 
 
 def _signature_gate(version: Version, store: Store | None, trust: TrustPolicy) -> list[str]:

@@ -206,6 +206,8 @@ def test_two_targets_one_version_tree_and_manifest(store: Path) -> None:
     assert v["status"] == "unverified", "an engine that never ran is never reported as verified"
     assert v["metrics"] == {"sm_86.executed": 0.0, "sm_89.executed": 0.0}
     assert "built but not executed: sm_86, sm_89 (no GPU on this machine)" in v["detail"]
+    assert v["not_run"] == [f"engine {t} not run by TensorRT for RTX: no GPU on this machine"
+                            for t in ("sm_86", "sm_89")]
     for target in ("sm_86", "sm_89"):
         plan = tree / req["engines"][target]
         assert plan.read_bytes()[:4] == b"vtrt"
