@@ -40,7 +40,7 @@ def _change_text(c: AliasChange) -> str:
               help="Refuse unless the version has this format (tensorrt:sm_80 engines for a GPU; gguf:quality or "
                    "gguf:kl=0.02,top1=0.9 GGUF quality within a budget), check[:GOLDEN] passed, `signature`: "
                    "a signature that verifies against the trust policy, or `loaded`: every artifact loaded and "
-                   "run by its runtime (refuses a GGUF llama.cpp never loaded).")
+                   "run by its runtime (refuses a GGUF llama.cpp never loaded; gguf:loaded: the GGUF files only).")
 @click.option("--force", is_flag=True, help="Promote even when a gate refuses.")
 @click.option("--reload", "reload_cmd", metavar="CMD", help="After the flip, run this (sh -c) so the engine reloads.")
 @click.option("--reload-url", metavar="URL", help="After the flip, POST to this URL (an engine's reload endpoint).")

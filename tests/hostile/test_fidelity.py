@@ -55,6 +55,11 @@ def _unloaded(w: World) -> Sequence[str | Path]:
     return ["promote", "m@1", "--require", "loaded"]
 
 
+def _unloaded_gguf_scoped(w: World) -> Sequence[str | Path]:
+    _convert_unloaded(w)
+    return ["promote", "m@1", "--require", "gguf:loaded"]
+
+
 def _legacy(w: World) -> Sequence[str | Path]:
     """The manifest an older mreg wrote: `passed`, llama.cpp's checks in the method, `detail` alone telling."""
     _convert_unloaded(w)
@@ -81,6 +86,8 @@ def _in_config(w: World) -> Sequence[str | Path]:
 CASES: list[Case] = [
     Case("GGUF never loaded by llama.cpp: promote --require loaded", _unloaded, 6, "GateRefused",
          ("never loaded", "not loaded by llama.cpp")),
+    Case("GGUF never loaded by llama.cpp: promote --require gguf:loaded", _unloaded_gguf_scoped, 6, "GateRefused",
+         ("never loaded by llama.cpp",)),
     Case("GGUF an older mreg recorded as passed: promote --require loaded", _legacy, 6, "GateRefused",
          ("never loaded", "not loaded by llama.cpp")),
     Case("GGUF never loaded, require = loaded in the config", _in_config, 6, "GateRefused", ("never loaded",)),

@@ -53,6 +53,8 @@ def test_convert_and_show_say_it_in_plain_words_and_the_gate_refuses(no_llama_cp
     assert refused.exit_code == 6, refused.stderr
     assert "never loaded" in refused.stderr and NOT_LOADED in refused.stderr
     assert mreg("resolve", "m@production").exit_code != 0, "the refused promotion changed nothing"
+    scoped = mreg("promote", "m@1", "--require", "gguf:loaded", "--json")
+    assert scoped.exit_code == 6 and "never loaded by llama.cpp" in scoped.stderr, scoped.stderr
     # Presence alone (--require gguf) and the default gates still let it through: structural is not failed.
     assert mreg("promote", "m@1", "--require", "gguf", "--json").exit_code == 0
 
@@ -61,4 +63,5 @@ def test_a_loaded_file_passes_the_gate(mreg: Any, tiny_model: Callable[..., Path
     pytest.importorskip("llama_cpp")
     doc = convert(mreg, tiny_model("llama"), "gguf:F16")
     assert doc["verification"] == {"gguf": "passed"} and "gguf" not in doc["not_run"]
-    assert mreg("promote", "m@1", "--require", "loaded", "--json").exit_code == 0
+    for requirement in ("loaded", "gguf:loaded"):
+        assert mreg("promote", "m@1", "--require", requirement, "--json").exit_code == 0
