@@ -12,6 +12,7 @@ A title is llama.cpp's `id_to_title`: `Llama-2-7b-hf` -> `Llama 2 7b Hf`.
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,7 +41,7 @@ def _full_name(model_id: str) -> str:
 
 def model_card(directory: Path) -> dict[str, Any]:
     """README.md's YAML front matter as llama.cpp reads it ({} when there is none or it does not parse)."""
-    import yaml
+    yaml: Any = importlib.import_module("yaml")  # PyYAML ships no type stubs
 
     path = directory / "README.md"
     if not path.is_file():
