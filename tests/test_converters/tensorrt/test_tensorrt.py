@@ -242,6 +242,13 @@ def test_fp16_converts_the_graph_first_and_records_how(store: Path) -> None:
 
 
 @needs_rtx
+def test_engines_never_run_are_refused_by_require_loaded(mreg: Any, store: Path) -> None:
+    r = mreg("promote", "tiny@2", "--require", "loaded", "--json")
+    assert r.exit_code == 6, r.stderr
+    assert "tensorrt artifact was never loaded" in r.stderr and "engine sm_86 not run by TensorRT for RTX" in r.stderr
+
+
+@needs_rtx
 def test_bad_shapes_name_the_graph_inputs(mreg: Any, store: Path) -> None:
     r = mreg("convert", "tiny@1", "--to", "tensorrt:target=sm_86,shapes=pixels=1x3:1x3:1x3", "--json")
     assert r.exit_code == 2 and "'pixels', which is not an input" in r.json["error"]["message"]
