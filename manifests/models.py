@@ -28,6 +28,8 @@ RelPath = Annotated[str, AfterValidator(_check_relative)]
 #: is a converter package and a table row, not a change to the manifest's schema.
 Format = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
 JSONValue = Any
+#: What an older mreg wrote in `detail` of a GGUF that llama.cpp never loaded, with its status still `passed`.
+LEGACY_NOT_LOADED = "llama.cpp runtime not installed"
 
 
 class _Record(BaseModel):
@@ -68,9 +70,15 @@ class ConverterInfo(_Record):
 
 
 class Verification(_Record):
-    """How an artifact was checked against its source, and the numbers."""
+    """How an artifact was checked against its source, and the numbers.
 
-    status: Literal["passed", "failed", "unverified"]
+    `status`: `passed`, every check `method` names ran and passed; `failed`, one failed; `structural`, the
+    artifact's integrity was checked (digests, layout, encoding) but its runtime never loaded it (llama.cpp not
+    installed where it was converted); `unverified`, built but not run (TensorRT engines for GPUs not there).
+    `method` names only what ran; `not_run` says in plain words what did not, and why.
+    """
+
+    status: Literal["passed", "failed", "structural", "unverified"]
     method: str
     reference: str
     inputs: tuple[str, ...] = ()
@@ -80,6 +88,24 @@ class Verification(_Record):
     #: reported against, never failing the conversion; a promotion gate can require them.
     budget: dict[str, float] = Field(default_factory=dict)
     detail: str | None = None
+    #: Checks of this format that did not run here, each a plain sentence (`not loaded by llama.cpp: ...`); empty in
+    #: manifests written before 2026-12-03, whose `method` could name checks that did not run (read `detail`).
+    not_run: tuple[str, ...] = ()
+
+    def _legacy(self) -> bool:
+        return not self.not_run and self.detail is not None and LEGACY_NOT_LOADED in self.detail
+
+    def unrun(self) -> tuple[str, ...]:
+        """What did not run, in plain words; for a manifest of an older mreg, read from `detail`, which alone said
+        that llama.cpp never loaded a GGUF it recorded as passed."""
+        if self._legacy():
+            return ("not loaded by llama.cpp: llama-cpp-python was not installed (an older mreg recorded it as "
+                    "passed)",)
+        return self.not_run
+
+    def loaded(self) -> bool:
+        """Whether the artifact's runtime loaded and ran it (`structural`, `unverified`: never, or not every part)."""
+        return self.status in ("passed", "failed") and not self._legacy()
 
 
 class TensorRTRequirements(_Record):

@@ -41,6 +41,7 @@ from converters.gguf import evaluation as texts
 from converters.gguf.file import HashingWriter, direct_io, direct_io_setting, header, page_in, release
 from converters.gguf.mix import FILE_TYPES
 from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan, check_architecture
+from converters.gguf.naming import general_name, source_name
 from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, needs_imatrix, plans
 from converters.gguf.quants import Floats, backend, ggml_available, needs_ggml, nonfinite, quantize
 from converters.gguf.quants import check_settings as check_quantizer
@@ -407,7 +408,9 @@ class GGUFConverter(ConverterBase):
         base = first.name or first.source.repo.rstrip("/").split("/")[-1] or "model"
         types = [r.options["type"] for r in requests]  # distinct: registry.convert.execute refuses a target given twice
         weighted = [bool(r.options.get("calibration") or r.options.get("imatrix")) for r in requests]
-        planned = plans(directory, shards, types, base, has_imatrix=weighted)
+        # general.name is the model's own (llama.cpp applies rules by name), never the store's.
+        planned = plans(directory, shards, types, general_name(directory, source_name(first.source)),
+                        has_imatrix=weighted)
         _refuse_unencodable(planned, weighted)
         made = self._importance(requests, directory, base, planned[0])
         imps = [made[0] if w and made else None for w in weighted]
@@ -482,7 +485,8 @@ class GGUFConverter(ConverterBase):
         base = request.name or request.source.repo.rstrip("/").split("/")[-1] or "model"
         types = list(opts["candidates"])
         weighted = [bool(opts.get("calibration") or opts.get("imatrix"))] * len(types)
-        planned = plans(directory, shards, types, base, has_imatrix=weighted)
+        planned = plans(directory, shards, types, general_name(directory, source_name(request.source)),
+                        has_imatrix=weighted)
         # Without a matrix, a candidate whose mix would need one on this model (a fallback row, say) is passed
         # over, never tried: the user named no type, so there is nothing to refuse.
         eligible = [i for i, p in enumerate(planned) if weighted[i] or not any(c.needs_imatrix for c in p.choices)]

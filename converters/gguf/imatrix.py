@@ -310,11 +310,11 @@ def _child(directory: Path, text: Path, dest: Path, chunk_size: int, dataset: st
 
     from converters.gguf.plan import plan
     from converters.gguf.reference import ReferenceUnsupported, forward
-    from converters.gguf.verify import _hf_tokenize
+    from converters.gguf.tokenization import reference
 
     t0 = time.monotonic()
     p = plan(directory, sorted(directory.rglob("*.safetensors")), "F32", "m")
-    tokenize: Callable[[str], list[int]] | None = _hf_tokenize(directory)
+    tokenize: Callable[[str], list[int]] | None = reference(directory).encode
     if tokenize is None:
         return {"error": "no tokenizer library (tokenizers/sentencepiece) to tokenize the calibration text",
                 "hint": "pip install 'mreg[gguf]'"}

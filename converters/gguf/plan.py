@@ -26,9 +26,13 @@ from converters.gguf.model import (
 )
 from converters.gguf.quants.blocks import row_bytes
 from converters.gguf.vocab import Vocab, load_vocab
+from registry.convert.configs import read_object
 from registry.errors import MregError
 
 DEFAULT_TYPE = "F16"
+#: The architectures llama.cpp's converter takes through its Llama path (conversion/llama.py and its subclasses),
+#: which writes tokenizer_config.json's `add_prefix_space` as `tokenizer.ggml.add_space_prefix`.
+LLAMA_PATH = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "GraniteForCausalLM")
 QUANTIZATION_VERSION = 2
 
 
@@ -95,6 +99,11 @@ def needs_imatrix(config: dict[str, Any], file_type: str) -> tuple[str, str] | N
     return None if first is None else (first.name, first.qtype)
 
 
+def _hf_architecture(config: dict[str, Any]) -> str | None:
+    archs = config.get("architectures")
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+
+
 def plan(directory: Path, safetensors: list[Path], file_type: str, name: str) -> GGUFPlan:
     """Read config, tokenizer and safetensors headers; choose every tensor's type; no output yet."""
     return plans(directory, safetensors, [file_type], name)[0]
@@ -115,6 +124,9 @@ def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], n
     vocab = load_vocab(directory, model.vocab_size)
     if model.architecture in families.GEMMAS and vocab.model == "llama":
         vocab.add_space_prefix = False  # llama.cpp's converter says so for every Gemma SentencePiece model
+    prefix = (read_object(directory / "tokenizer_config.json") or {}).get("add_prefix_space")
+    if _hf_architecture(config) in LLAMA_PATH and isinstance(prefix, bool):
+        vocab.add_space_prefix = prefix  # as transformers tokenizes, whatever the tokenizer's own normalizer says
     if model.architecture == "gemma":
         vocab.special.ids.setdefault("eot", families.GEMMA_EOT)
     is_70b = model.architecture in ("llama", "qwen2") and model.n_layer == 80

@@ -1,4 +1,5 @@
-"""The quality gate of GGUF files: `--require gguf:quality` and `--require gguf:kl=0.02,kl99=0.2,top1=0.9,ppl=1.02`
+"""The gates of GGUF files: `--require gguf:loaded` (llama.cpp loaded the file), `--require gguf:quality` and
+`--require gguf:kl=0.02,kl99=0.2,top1=0.9,ppl=1.02`
 (mean and 99th-percentile KL divergence, top-1 agreement, perplexity ratio to the reference).
 
 A quantized file's KL divergence and top-1 agreement against the float32 reference are recorded by its
@@ -53,10 +54,13 @@ def misses(metrics: dict[str, float], budget: dict[str, float]) -> list[str]:
 
 
 def gate_problems(artifact: Artifact | None, requirement: str) -> list[str]:
-    """Why a GGUF artifact fails the requirement (empty when it meets it)."""
-    wanted = parse(requirement)
+    """Why a GGUF artifact fails the requirement (empty when it meets it); `gguf:loaded`: llama.cpp loaded it."""
+    wanted = None if requirement == "gguf:loaded" else parse(requirement)
     if artifact is None:
         return [f"no gguf artifact (required by --require {requirement})"]
+    if requirement == "gguf:loaded" and not artifact.verification.loaded():
+        why = "; ".join((artifact.verification.status, *artifact.verification.unrun()))
+        return [f"{artifact.path}: never loaded by llama.cpp (verification {why})"]
     if wanted is None:
         return []
     v = artifact.verification

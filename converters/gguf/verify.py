@@ -4,14 +4,15 @@
    offset, its first and last bytes those streamed there; every metadata key with its value.
 2. Each tensor's encoding error (gguf's own dequantizer on sampled rows) under its type's bound.
 3. When llama-cpp-python is installed: llama.cpp loads the file and tokenizes test strings to
-   the same ids as the Hugging Face tokenizer (`tokenizers`, or `sentencepiece` for a
-   tokenizer.model), and its logits on a fixed prompt are compared with mreg's streaming float32
+   the same ids as the source's tokenizer as its tokenizer_config.json configures it
+   (`converters.gguf.tokenization`), and its logits on a fixed prompt are compared with mreg's streaming float32
    forward pass of the safetensors source (`converters.gguf.reference`, tested equal to
    transformers; its memory stays flat whatever the model size), or on the first tokens of an evaluation text
    (`--evaluation`, see `converters.gguf.evaluation`): for F32, F16 and BF16 an integrity
    bound (max difference, KL divergence); for the quantized types KL divergence and top-1 agreement
    are quality, recorded against a budget (`budget`) and never failing the conversion.
-Any integrity failure fails the conversion; a check that cannot run (no runtime) says so in `method`.
+Any integrity failure fails the conversion. `method` names only the checks that ran; those that could not are in
+`not_run`, and a file llama.cpp never loaded (no runtime installed) is `structural`, never `passed`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import math
 import os
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +30,7 @@ import numpy as np
 
 from converters.gguf import overlap
 from converters.gguf.llama import SETTINGS, describe_exit, load
+from converters.gguf.tokenization import reference
 
 if TYPE_CHECKING:  # (the child processes import this module: the manifests' models stay out of their start)
     from gguf import GGUFReader
@@ -72,6 +75,9 @@ TEST_STRINGS = (
     "don't won't it's I'm we'll they've",
     "A model registry keeps track of every model.",
 )
+#: Why the checks of llama.cpp did not run, in a plain install (llama-cpp-python is the `gguf` extra).
+NOT_INSTALLED = ("not loaded by llama.cpp: llama-cpp-python is not installed (pip install 'mreg[gguf]'), so its "
+                 "tokenization and logits were not compared")
 PROMPT = "The quick brown fox jumps over the lazy dog. A model registry keeps track of every model"
 
 
@@ -148,28 +154,6 @@ def check_file(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor]) -> 
     return problems
 
 
-def _hf_tokenize(directory: Path) -> Any:
-    """A function text -> ids with the source's own tokenizer, or None when no tokenizer library is there."""
-    import importlib
-
-    if (directory / "tokenizer.model").is_file():
-        try:
-            sentencepiece: Any = importlib.import_module("sentencepiece")
-        except ImportError:
-            sentencepiece = None
-        if sentencepiece is not None:
-            sp = sentencepiece.SentencePieceProcessor(model_file=str(directory / "tokenizer.model"))
-            return lambda s: [sp.bos_id(), *sp.encode(s)] if sp.bos_id() >= 0 else sp.encode(s)
-    if (directory / "tokenizer.json").is_file():
-        try:
-            tokenizers: Any = importlib.import_module("tokenizers")
-        except ImportError:
-            return None
-        tok = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
-        return lambda s: tok.encode(s, add_special_tokens=True).ids
-    return None
-
-
 def start_runtime(path: Path, file_type: str, directory: Path, cache: Path | None,
                   evaluation: tuple[Path, int] | None = None) -> subprocess.Popen[str] | str:
     """Start llama.cpp on the file in a child process (its memory and any crash stay there), or say why not.
@@ -180,7 +164,7 @@ def start_runtime(path: Path, file_type: str, directory: Path, cache: Path | Non
     import sys
 
     if importlib.util.find_spec("llama_cpp") is None:
-        return "llama.cpp runtime not installed (pip install 'mreg[gguf]'): not loaded"
+        return NOT_INSTALLED
     cmd = [sys.executable, "-m", "converters.gguf.verify", str(path), str(directory), file_type,
            str(cache) if cache is not None else ""]
     if evaluation is not None:
@@ -189,18 +173,30 @@ def start_runtime(path: Path, file_type: str, directory: Path, cache: Path | Non
                             env=overlap.child_env())
 
 
-def finish_runtime(child: subprocess.Popen[str] | str) -> tuple[list[str], dict[str, float], list[str]]:
-    """The child's problems, metrics and notes."""
+@dataclass(frozen=True)
+class RuntimeResult:
+    """What the llama.cpp child found: problems, metrics, notes, the checks that ran and those that did not."""
+
+    problems: list[str]
+    metrics: dict[str, float]
+    notes: list[str]
+    ran: list[str]
+    not_run: list[str]
+
+
+def finish_runtime(child: subprocess.Popen[str] | str) -> RuntimeResult:
+    """The child's result (`child` a string: why llama.cpp did not run, so none of its checks did)."""
     import json
 
     if isinstance(child, str):
-        return [], {}, [child]
+        return RuntimeResult([], {}, [], [], [child])
     stdout, stderr = child.communicate()
     if child.returncode != 0:
         tail = (stderr.strip().splitlines() or ["no output"])[-1]
-        return [f"llama.cpp could not load or run the file ({describe_exit(child.returncode)}): {tail}"], {}, []
+        return RuntimeResult([f"llama.cpp could not load or run the file ({describe_exit(child.returncode)}): "
+                              f"{tail}"], {}, [], [], [])
     doc = json.loads(stdout.strip().splitlines()[-1])
-    return doc["problems"], doc["metrics"], doc["notes"]
+    return RuntimeResult(doc["problems"], doc["metrics"], doc["notes"], doc["ran"], doc["not_run"])
 
 
 def run_runtime(path: Path, directory: Path, file_type: str, cache: str, evaluation: str = "",
@@ -220,17 +216,24 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str, evaluat
     problems: list[str] = []
     metrics: dict[str, float] = {}
     notes: list[str] = []
-    hf = _hf_tokenize(directory)
+    ran = ["load"]
+    not_run: list[str] = []
+    tokenizer = reference(directory)
+    hf = tokenizer.encode
     n_ctx = max(256, cap) if evaluation else 256
     llm = load(path, n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, n_threads=max(1, os.cpu_count() or 1), seed=0)
     metrics["llama_cpp_loaded"] = 1.0
     if hf is None:
-        notes.append("no tokenizer library (tokenizers/sentencepiece): tokenization not compared")
+        not_run.append(f"tokenization not compared with the source's tokenizer: {tokenizer.label}")
     else:
+        # add_bos: llama.cpp adds the special tokens its file says to (tokenizer.ggml.add_bos_token/add_eos_token).
         mismatched = [s for s in TEST_STRINGS if llm.tokenize(s.encode(), add_bos=True, special=False) != hf(s)]
         metrics["tokenization_strings"] = float(len(TEST_STRINGS))
         metrics["tokenization_mismatches"] = float(len(mismatched))
-        problems += [f"llama.cpp tokenizes {s!r} differently from the HF tokenizer" for s in mismatched]
+        ran.append(f"tokenization against the source's tokenizer ({tokenizer.label})")
+        problems += [f"llama.cpp tokenizes {s!r} differently from the source's tokenizer as configured "
+                     f"({tokenizer.label}): {llm.tokenize(s.encode(), add_bos=True, special=False)[:8]} against "
+                     f"{hf(s)[:8]}" for s in mismatched]
     text = Path(evaluation).read_text(encoding="utf-8") if evaluation else PROMPT
     ids = hf(text) if hf is not None else llm.tokenize(text.encode(), add_bos=True, special=False)
     if evaluation:
@@ -252,8 +255,8 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str, evaluat
         try:
             ref = reference_logits(directory, ids)
         except ReferenceUnsupported as e:
-            notes.append(f"logits not compared: {e}")
-            return {"problems": problems, "metrics": metrics, "notes": notes}
+            not_run.append(f"logits not compared: {e}")
+            return {"problems": problems, "metrics": metrics, "notes": notes, "ran": ran, "not_run": not_run}
         metrics["reference_seconds"] = round(time.monotonic() - t0, 3)
         if saved_at is not None:
             save_reference(saved_at, ids, ref)
@@ -261,7 +264,9 @@ def run_runtime(path: Path, directory: Path, file_type: str, cache: str, evaluat
     compared, found = compare_logits(got, ref, file_type, ids)
     metrics.update(compared)
     metrics["logits_positions"] = float(len(ids))
-    return {"problems": problems + found, "metrics": metrics, "notes": notes}
+    ran.append("logits against mreg's streaming float32 forward pass of the safetensors source (tested equal to "
+               "transformers)")
+    return {"problems": problems + found, "metrics": metrics, "notes": notes, "ran": ran, "not_run": not_run}
 
 
 def reference_cache(cache: Path, ids: Sequence[int]) -> Path:
@@ -290,7 +295,7 @@ def run_reference(directory: Path, cache: Path, evaluation: str = "", cap: int =
 
     from converters.gguf.reference import ReferenceUnsupported, reference_logits
 
-    hf = _hf_tokenize(directory)
+    hf = reference(directory).encode
     if hf is None:  # llama.cpp's own tokenization gives the ids then: the verification computes the reference
         return {}
     text = Path(evaluation).read_text(encoding="utf-8") if evaluation else PROMPT
@@ -433,26 +438,30 @@ def verify(path: Path, plan: GGUFPlan, encoded: Sequence[EncodedTensor], directo
     metrics.update({f"rel_rmse_{k}": round(v, 6) for k, v in sorted(worst.items())})
     tolerance = {f"rel_rmse_{k}": ERROR_BOUND[k] for k in sorted(worst)}
     tolerance |= {"source_nonfinite": 0.0, "encoded_nonfinite": 0.0}
-    runtime_problems, runtime_metrics, notes = finish_runtime(child)
-    problems += runtime_problems
-    metrics.update(runtime_metrics)
-    if plan.file_type in LOGITS_REL_DIFF:
-        tolerance["logits_max_rel_diff"] = LOGITS_REL_DIFF[plan.file_type]
-    if plan.file_type in LOGITS_KL:
-        tolerance["kl_divergence"] = LOGITS_KL[plan.file_type]
+    runtime = finish_runtime(child)
+    problems += runtime.problems
+    metrics.update(runtime.metrics)
+    if "kl_divergence" in metrics:  # the tolerances of the checks that ran, and only those
+        if plan.file_type in LOGITS_REL_DIFF:
+            tolerance["logits_max_rel_diff"] = LOGITS_REL_DIFF[plan.file_type]
+        if plan.file_type in LOGITS_KL:
+            tolerance["kl_divergence"] = LOGITS_KL[plan.file_type]
     budget = {"kl_divergence": KL_BUDGET[plan.file_type]} if plan.file_type in KL_BUDGET else {}
-    notes = notes + quality_notes(metrics, plan.file_type)
-    tolerance["tokenization_mismatches"] = 0.0
+    notes = runtime.notes + quality_notes(metrics, plan.file_type)
+    if "tokenization_mismatches" in metrics:
+        tolerance["tokenization_mismatches"] = 0.0
     if "logits_nonfinite" in metrics:
         tolerance |= {"logits_nonfinite": 0.0, "reference_logits_nonfinite": 0.0}
-    method = ("gguf reader: tensors, shapes, types, data digests and metadata; encoding error per tensor; "
-              f"llama.cpp ({', '.join(f'{k}={v}' for k, v in SETTINGS.items())}: weights read from the mapped file, "
-              "not repacked): load, tokenization against the HF "
-              "tokenizer, logits against mreg's streaming float32 forward pass of the safetensors source "
-              "(tested equal to transformers)")
+    method = "gguf reader: tensors, shapes, types, data digests and metadata; encoding error per tensor"
+    if runtime.ran:
+        method += (f"; llama.cpp ({', '.join(f'{k}={v}' for k, v in SETTINGS.items())}: weights read from the mapped "
+                   f"file, not repacked): {', '.join(runtime.ran)}")
     detail = "; ".join(problems[:20] + notes) or None
+    loaded = "llama_cpp_loaded" in metrics
     return Verification(
-        status="failed" if problems else "passed",
+        # structural: the file is what was planned, but llama.cpp never loaded it (a plain install has no runtime).
+        status="failed" if problems else "passed" if loaded else "structural",
+        not_run=tuple(runtime.not_run),
         method=method,
         reference=f"{source.repo}@{source.commit}",
         inputs=(*TEST_STRINGS, PROMPT if evaluation is None else texts.describe(

@@ -170,6 +170,21 @@ def _piece(value: bytes) -> tuple[str, float, int]:
     return piece, score, kind
 
 
+def dummy_prefix(raw: bytes) -> bool:
+    """Whether a SentencePiece model (the tokenizer.model's bytes) prepends a space to the text (its
+    NormalizerSpec's add_dummy_prefix, true unless the model says otherwise)."""
+    found = True
+    try:
+        for number, _, value in _fields(raw):
+            if number == 3:  # NormalizerSpec {3: add_dummy_prefix}; the last of a field wins, as protobuf reads it
+                for n, _, v in _fields(value):
+                    if n == 3:
+                        found = bool(v)
+    except (IndexError, struct.error) as e:
+        raise UnsupportedTokenizer(f"tokenizer.model is not a SentencePiece model: {e}") from e
+    return found
+
+
 def _sentencepiece(directory: Path, vocab_size: int) -> Vocab:
     """A SentencePiece tokenizer.model (Llama 2, Mistral): pieces, scores and types from its ModelProto."""
     raw = (directory / "tokenizer.model").read_bytes()

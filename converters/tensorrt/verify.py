@@ -140,6 +140,8 @@ def verify(backend: str, engines: dict[str, Path], onnx_model: Path, profiles: d
         method=f"each engine run on a GPU of its target against ONNX Runtime (CPU) at the profile's min/opt/max "
                f"shapes; min cosine per output >= {MIN_COSINE[precision]} ({precision}), NaN/Inf on either side fails",
         reference=reference, inputs=tuple(inputs_desc), metrics=metrics,
+        not_run=tuple(f"engine {t} not run by {'TensorRT for RTX' if backend == 'tensorrt-rtx' else 'TensorRT'}: "
+                      f"{why}" for t in skipped),
         tolerance={**{f"{t}.min_cosine": MIN_COSINE[precision] for t in engines},
                    **{f"{t}.{who}_nonfinite": 0.0 for t in executed for who in ("onnxruntime", "engine")}},
         detail=detail)

@@ -112,6 +112,7 @@ def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: b
         "manifest_sha256": v.manifest_sha256, "key": m.key,
         "formats": [a.format for a in m.artifacts],
         "verification": {a.format: a.verification.status for a in m.artifacts},
+        "not_run": {a.format: list(a.verification.unrun()) for a in m.artifacts if a.verification.unrun()},
         "source": {"repo": outcome.source.repo, "commit": outcome.source.commit},
         "duration_s": round(outcome.duration_s, 3),
     }
@@ -119,6 +120,8 @@ def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: b
     checks = ", ".join(f"{a.format} {a.verification.status}" for a in m.artifacts)
     Output(as_json).result(doc, lambda: "\n".join([
         f"✓ {v.name}@{v.number} {verb} ({', '.join(a.format for a in m.artifacts)}; verification {checks})",
+        # What the verification could not do here, in plain words (a GGUF that llama.cpp never loaded).
+        *[f"  not run  {a.format}: {line}" for a in m.artifacts for line in a.verification.unrun()],
         f"  path     {v.path}",
         f"  manifest sha256:{v.manifest_sha256[:16]}",
     ]))

@@ -38,8 +38,9 @@ def _change_text(c: AliasChange) -> str:
 @click.option("-m", "--message", help="Why (recorded in the history).")
 @click.option("--require", multiple=True, metavar="FORMAT[:ARGS]",
               help="Refuse unless the version has this format (tensorrt:sm_80 engines for a GPU; gguf:quality or "
-                   "gguf:kl=0.02,top1=0.9 GGUF quality within a budget), check[:GOLDEN] passed, or `signature`: "
-                   "a signature that verifies against the trust policy.")
+                   "gguf:kl=0.02,top1=0.9 GGUF quality within a budget), check[:GOLDEN] passed, `signature`: "
+                   "a signature that verifies against the trust policy, or `loaded`: every artifact loaded and "
+                   "run by its runtime (refuses a GGUF llama.cpp never loaded; gguf:loaded: the GGUF files only).")
 @click.option("--force", is_flag=True, help="Promote even when a gate refuses.")
 @click.option("--reload", "reload_cmd", metavar="CMD", help="After the flip, run this (sh -c) so the engine reloads.")
 @click.option("--reload-url", metavar="URL", help="After the flip, POST to this URL (an engine's reload endpoint).")
@@ -56,8 +57,9 @@ def promote_cmd(ref: str, alias: str, expect: str | None, message: str | None, r
 
     Gates: a version whose verification failed, or without a --require'd format, is refused
     (exit 6) unless --force. `--require signature` (or `require = ["signature"]` under
-    `[models.NAME]`) needs a signature that verifies against the trust policy. Promoting to the
-    current target changes nothing.
+    `[models.NAME]`) needs a signature that verifies against the trust policy; `--require loaded`
+    refuses an artifact its runtime never loaded (a `structural` GGUF: converted without
+    llama.cpp). Promoting to the current target changes nothing.
 
     Hooks (flags, or `[models.NAME]` in the config file: reload, reload_url, ready_url,
     ready_cmd, ready_timeout): after the flip mreg reloads the engine and waits until it is

@@ -156,6 +156,7 @@ def show_cmd(ref: str, memory_gib: float | None, context: int | None, cache_type
             size = sum(f.size for f in a.files)
             lines.append(f"  {a.format:<9} {len(a.files)} files, {human_size(size)}, {a.converter.name} "
                          f"{a.converter.version}, verification {a.verification.status}: {a.verification.method}")
+            lines += [f"  {'':<9} not run: {line}" for line in a.verification.unrun()]
             quality = _quality(a.verification.metrics, a.verification.budget)
             if quality:
                 lines.append(f"  {'':<9} quality: {quality}")

@@ -3,8 +3,9 @@
 A failed verification always blocks. A requirement (`--require`, or `require` under
 `[models.NAME]`) names a format, which the format's converter judges (`tensorrt:sm_80,sm_90`
 asks for engines; `gguf:quality` or `gguf:kl=0.02` every GGUF file's measured quality within a budget),
-`check[:GOLDEN]`, a passing golden-set check, or `signature`: at least one signature that verifies against the
-model's trust policy (on a local store, against the bytes too).
+`check[:GOLDEN]`, a passing golden-set check, `signature`: at least one signature that verifies against the
+model's trust policy (on a local store, against the bytes too), or `loaded`: every artifact loaded and run by its
+runtime (a `structural` GGUF, never loaded by llama.cpp, or an `unverified` TensorRT engine, is refused).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def check_gates(version: Version, requirements: Sequence[str] = (), store: Store
 
     A requirement is a format (`hf`, `gguf`, …) the version must carry, or `check[:GOLDEN]`: the
     latest golden-set check of this version (of that set) must have passed, or `tensorrt:sm_80,sm_90`:
-    an engine for each of these compute capabilities.
+    an engine for each of these compute capabilities, or `loaded`: every artifact run by its runtime.
     """
     problems = []
     for art in version.manifest.artifacts:
@@ -36,6 +37,8 @@ def check_gates(version: Version, requirements: Sequence[str] = (), store: Store
         kind = req.split(":", 1)[0]
         if req == "signature":
             problems += _signature_gate(version, store, trust or TrustPolicy())
+        elif req == "loaded":
+            problems += [_never_loaded(a) for a in version.manifest.artifacts if not a.verification.loaded()]
         elif kind == "check":
             problems += check_problems(store, version, req) if store is not None else [
                 f"{req}: no store to read check records from"]
@@ -47,6 +50,12 @@ def check_gates(version: Version, requirements: Sequence[str] = (), store: Store
         elif kind not in formats:
             problems.append(f"no {kind} artifact (required by --require {req})")
     return problems
+
+
+def _never_loaded(art: Artifact) -> str:
+    v = art.verification
+    why = "; ".join((v.status, *v.unrun()))
+    return f"{art.format} artifact was never loaded and run by its runtime (verification {why})"
 
 
 def _signature_gate(version: Version, store: Store | None, trust: TrustPolicy) -> list[str]:

@@ -64,3 +64,24 @@ def test_written_records_validate_against_the_exported_schema(mreg: Any, model_d
         jsonschema.validate(json.loads(line), entry_schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**manifest, "unexpected": 1}, schema)
+
+
+#: A GGUF verification as mreg wrote it before `structural` and `not_run` existed, of a file llama.cpp never loaded.
+_OLD_UNLOADED = {"status": "passed", "method": "gguf reader: …; llama.cpp (…): load, tokenization against the HF "
+                 "tokenizer, logits against mreg's streaming float32 forward pass", "reference": "r@c",
+                 "detail": "llama.cpp runtime not installed (pip install 'mreg[gguf]'): not loaded"}
+
+
+@pytest.mark.parametrize(("doc", "loaded", "unrun"), [
+    (_OLD_UNLOADED, False, "not loaded by llama.cpp"),  # old manifests still read, and are not taken at their word
+    ({**_OLD_UNLOADED, "detail": None}, True, ""),
+    ({"status": "structural", "method": "gguf reader", "reference": "r@c", "not_run": ["not loaded by llama.cpp: x"]},
+     False, "not loaded by llama.cpp: x"),
+    ({"status": "unverified", "method": "m", "reference": "r@c"}, False, ""),
+    ({"status": "failed", "method": "m", "reference": "r@c"}, True, ""),
+])
+def test_verification_says_whether_its_runtime_ran(doc: dict[str, Any], loaded: bool, unrun: str) -> None:
+    from manifests import Verification
+
+    v = Verification.model_validate(doc)
+    assert v.loaded() is loaded and "; ".join(v.unrun()).startswith(unrun) and bool(v.unrun()) == bool(unrun)

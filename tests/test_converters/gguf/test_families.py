@@ -76,7 +76,11 @@ def sources(llama_cpp_root: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     from test_converters.conftest import BUILDERS
 
     base = tmp_path_factory.mktemp("families")
-    return {kind: _real_phi3_vocab(llama_cpp_root, base / kind) if kind == "phi3-vocab" else BUILDERS[kind](base / kind)
+    # general.name comes from the directory's name, and llama.cpp applies its Phi-3 token rules to a name holding
+    # "phi3", which need Phi-3's own special tokens: the tiny phi3 models carry llama's small vocabulary, so their
+    # directories are named otherwise (phi3-vocab, with Phi-3's real vocabulary, keeps its name).
+    return {kind: _real_phi3_vocab(llama_cpp_root, base / kind) if kind == "phi3-vocab"
+            else BUILDERS[kind](base / kind.replace("phi3", "tiny-p3"))
             for kind in KINDS}
 
 

@@ -206,6 +206,8 @@ def test_two_targets_one_version_tree_and_manifest(store: Path) -> None:
     assert v["status"] == "unverified", "an engine that never ran is never reported as verified"
     assert v["metrics"] == {"sm_86.executed": 0.0, "sm_89.executed": 0.0}
     assert "built but not executed: sm_86, sm_89 (no GPU on this machine)" in v["detail"]
+    assert v["not_run"] == [f"engine {t} not run by TensorRT for RTX: no GPU on this machine"
+                            for t in ("sm_86", "sm_89")]
     for target in ("sm_86", "sm_89"):
         plan = tree / req["engines"][target]
         assert plan.read_bytes()[:4] == b"vtrt"
@@ -237,6 +239,13 @@ def test_fp16_converts_the_graph_first_and_records_how(store: Path) -> None:
     assert "convert_float_to_float16(keep_io_types=True)" in req["precision_conversion"]
     record = json.loads((tree / "tensorrt-rtx-sm89-1.7.1.116-fp16" / "engine.json").read_text())
     assert record["precision"] == "fp16" and isinstance(record["builder_messages"], list)
+
+
+@needs_rtx
+def test_engines_never_run_are_refused_by_require_loaded(mreg: Any, store: Path) -> None:
+    r = mreg("promote", "tiny@2", "--require", "loaded", "--json")
+    assert r.exit_code == 6, r.stderr
+    assert "tensorrt artifact was never loaded" in r.stderr and "engine sm_86 not run by TensorRT for RTX" in r.stderr
 
 
 @needs_rtx
