@@ -364,7 +364,7 @@ def options(file_type: str, tokens: dict[str, str]) -> dict[str, Any]:
     if "calibration" in tokens:
         path = DEFAULT_CALIBRATION if tokens["calibration"] == "default" else Path(tokens["calibration"]).expanduser()
         ctx = tokens.get("calibration-ctx", str(DEFAULT_CHUNK))
-        if not ctx.isdigit() or int(ctx) < MIN_CHUNK:
+        if not (ctx.isascii() and ctx.isdigit() and len(ctx) <= 9) or int(ctx) < MIN_CHUNK:
             raise UsageError(f"--calibration-ctx {ctx}: a whole number of tokens, at least {MIN_CHUNK}",
                              hint=f"llama-imatrix's default is {DEFAULT_CHUNK}")
         digest = _digest(path, "--calibration")

@@ -392,13 +392,19 @@ def config_sizes(config: dict[str, Any]) -> tuple[int, int, int, int, int, int, 
             _size(config, "vocab_size"), head_dim)
 
 
+
+def _layer_number(part: str) -> bool:
+    """Whether a tensor-name part is a layer number: ASCII digits (str.isdigit also takes '²', which int() refuses,
+    and '١', which it reads as 1), short enough to be one."""
+    return part.isascii() and part.isdigit() and len(part) <= 9
+
 def check_shapes(weights: dict[str, SourceTensor], **sizes: int) -> None:
     """The config's sizes against the safetensors headers, before anything is planned or allocated.
 
     transformers refuses to load a checkpoint whose tensors disagree with its config; so does this.
     """
     layers = {int(p[i + 1]) for n in weights for p in [n.split(".")] for i in range(len(p) - 1)
-              if p[i] == "layers" and p[i + 1].isdigit()}
+              if p[i] == "layers" and _layer_number(p[i + 1])}
     problems = []
     if layers and (len(layers) != sizes["n_layer"] or min(layers) != 0 or max(layers) != sizes["n_layer"] - 1):
         problems.append(f"num_hidden_layers is {sizes['n_layer']} but the weights hold layers "
@@ -426,7 +432,7 @@ def _hf_order(name: str) -> tuple[int, str]:
     parts = name.split(".")
     if "layers" in parts:
         i = parts.index("layers")
-        if i + 1 < len(parts) and parts[i + 1].isdigit():
+        if i + 1 < len(parts) and _layer_number(parts[i + 1]):
             return (int(parts[i + 1]) + 1, name)
     return (0 if "embed" in name else 1 << 30, name)
 

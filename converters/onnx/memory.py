@@ -146,7 +146,7 @@ def _read_int(path: Path) -> int | None:
         text = path.read_text().strip()
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
 def _inactive_file(stat: Path, key: str) -> int:

@@ -6,6 +6,7 @@ import click
 
 from registry import api
 from registry.cli.options import (
+    WholeNumber,
     cache_option,
     config_option,
     json_option,
@@ -65,11 +66,13 @@ def _gguf_tokens(budget: str | None, evaluation: str | None, eval_tokens: int | 
 @click.option("--evaluation", metavar="FILE|default",
               help="GGUF: measure quality on this text (default: the shipped one for every quantized type; "
                    "F16/BF16/F32 use a fixed prompt unless given).")
-@click.option("--eval-tokens", type=int, metavar="N", help="GGUF: evaluate the text's first N tokens (default 512; 128 "
+@click.option("--eval-tokens", type=WholeNumber(1), metavar="N",
+              help="GGUF: evaluate the text's first N tokens (default 512; 128 "
                    "for a named quantized type measured without --evaluation).")
 @click.option("--calibration", metavar="FILE|default",
               help="GGUF: compute an importance matrix on this text ('default': the one mreg ships), quantize with it.")
-@click.option("--calibration-ctx", type=int, metavar="N", help="GGUF: tokens per calibration chunk (default 512).")
+@click.option("--calibration-ctx", type=WholeNumber(1), metavar="N",
+              help="GGUF: tokens per calibration chunk (default 512).")
 @click.option("--imatrix", "imatrix_file", metavar="FILE",
               help="GGUF: quantize with this importance matrix made by llama-imatrix (.gguf or .dat).")
 @config_option

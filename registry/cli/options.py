@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
+import re
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from registry import api
 from registry.cli.render import BarProgress
 from registry.config import Settings
+from registry.errors import UsageError
 
 if TYPE_CHECKING:  # boto3 loads with the S3 store only: `mreg --help` stays fast
     from registry.store.local import LocalStore
@@ -18,6 +21,64 @@ if TYPE_CHECKING:  # boto3 loads with the S3 store only: `mreg --help` stays fas
     from registry.store.s3 import S3Store
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_WHOLE = re.compile(r"\A-?[0-9]{1,18}\Z")
+_DECIMAL = re.compile(r"\A[+-]?(?:[0-9]{1,18}(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?\Z")
+
+
+def _refuse(param: click.Parameter | None, ctx: click.Context | None, what: str, value: Any) -> NoReturn:
+    """A number option's refusal as mreg's own usage error (one line and a hint, exit 2), not click's usage text:
+    the same answer the option's own checks in the library give."""
+    flag = param.opts[0] if param is not None and param.opts else "the option"
+    command = ctx.info_name if ctx is not None and ctx.info_name else "COMMAND"
+    raise UsageError(f"{flag} takes {what}, not {value!r}", hint=f"see `mreg {command} --help`")
+
+
+class WholeNumber(click.ParamType):
+    """A whole number in ASCII digits (Python's int() also takes '١' and '²'), at least `low`."""
+
+    name = "integer"
+
+    def __init__(self, low: int = 0) -> None:
+        self.low = low
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """The number, or a usage error naming the option."""
+        what = f"a whole number of {self.low} or more in ASCII digits"
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, str) and _WHOLE.match(value.strip()):
+            number = int(value.strip())
+        else:
+            _refuse(param, ctx, what, value)
+        if number < self.low:
+            _refuse(param, ctx, what, value)
+        return number
+
+
+class FiniteNumber(click.ParamType):
+    """A finite decimal number in ASCII (no nan, inf or 1e400), within [low, high]; `open_low` excludes low."""
+
+    name = "number"
+
+    def __init__(self, low: float = 0.0, high: float = 1e12, *, open_low: bool = False) -> None:
+        self.low, self.high, self.open_low = low, high, open_low
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        """The number, or a usage error naming the option and the range."""
+        what = (f"a number above {self.low:g} and at most {self.high:g}" if self.open_low
+                else f"a number from {self.low:g} to {self.high:g}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str) and _DECIMAL.match(value.strip()):
+            number = float(value.strip())
+        else:
+            _refuse(param, ctx, what, value)
+        below = number <= self.low if self.open_low else number < self.low
+        if not math.isfinite(number) or below or number > self.high:
+            _refuse(param, ctx, what, value)
+        return number
+
 
 #: ctx.meta keys: options that the error boundary and the store factories read.
 JSON_KEY = "mreg.json"

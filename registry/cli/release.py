@@ -9,7 +9,15 @@ import click
 
 from registry import api
 from registry.cli.group import ReportedFailure
-from registry.cli.options import any_store, config_option, json_option, local_store, settings_for, store_option
+from registry.cli.options import (
+    FiniteNumber,
+    any_store,
+    config_option,
+    json_option,
+    local_store,
+    settings_for,
+    store_option,
+)
 from registry.cli.render import Output, table
 from registry.convert import formats
 from registry.errors import CheckFailed, IntegrityError, MregError
@@ -46,7 +54,8 @@ def _change_text(c: AliasChange) -> str:
 @click.option("--reload-url", metavar="URL", help="After the flip, POST to this URL (an engine's reload endpoint).")
 @click.option("--ready-url", metavar="URL", help="Then GET this until it answers 2xx.")
 @click.option("--ready-cmd", metavar="CMD", help="Then run this until it exits 0.")
-@click.option("--ready-timeout", type=float, metavar="SECONDS", help="How long to wait for readiness (default 60).")
+@click.option("--ready-timeout", type=FiniteNumber(0, 86400, open_low=True), metavar="SECONDS",
+              help="How long to wait for readiness (default 60).")
 @config_option
 @store_option
 @json_option

@@ -12,6 +12,7 @@ import click
 
 from registry import api
 from registry.cli.options import (
+    FiniteNumber,
     config_option,
     insecure_option,
     json_option,
@@ -152,7 +153,8 @@ def _push_oci(local: LocalStore, v: Version, remote: str, force: bool, insecure:
 @click.option("--alias", default="production", show_default=True,
               help="Remote alias to follow (S3); the local alias to flip (both).")
 @insecure_option
-@click.option("--watch", type=float, metavar="SECONDS", help="Keep following the alias, checking this often.")
+@click.option("--watch", type=FiniteNumber(0, 86400, open_low=True), metavar="SECONDS",
+              help="Keep following the alias, checking this often.")
 @config_option
 @store_option
 @json_option

@@ -8,7 +8,16 @@ import click
 
 from registry import api
 from registry.cli.group import ReportedFailure
-from registry.cli.options import any_store, config_option, json_option, progress_for, settings_for, store_option
+from registry.cli.options import (
+    FiniteNumber,
+    WholeNumber,
+    any_store,
+    config_option,
+    json_option,
+    progress_for,
+    settings_for,
+    store_option,
+)
 from registry.cli.render import Output, table
 from registry.cli.sign import result_doc, result_line, shown_signatures
 from registry.errors import IntegrityError, ModelNotFound, NotFound, UsageError
@@ -103,16 +112,16 @@ def _with(text: str, problems: list[IntegrityError]) -> str:
 
 @click.command("show")
 @click.argument("ref", metavar="NAME[@REF]")
-@click.option("--memory", "memory_gib", type=float, metavar="GiB",
+@click.option("--memory", "memory_gib", type=FiniteNumber(0, 1 << 20, open_low=True), metavar="GiB",
               help="Also answer what fits in this much device memory: concurrent sequences, one sequence's "
                    "largest context, and the vLLM / llama.cpp settings that say so.")
-@click.option("--context", type=int, metavar="N",
+@click.option("--context", type=WholeNumber(1), metavar="N",
               help="With --memory: tokens per sequence (default: the model's max context, capped at 32768).")
 @click.option("--cache-type", type=click.Choice(["f16", "q8_0", "q4_0"]), default="f16", show_default=True,
               help="With --memory: the KV cache's element type.")
-@click.option("--utilization", type=float, default=0.9, show_default=True,
+@click.option("--utilization", type=FiniteNumber(0, 1, open_low=True), default=0.9, show_default=True,
               help="With --memory: the share of the device the engine may take (vLLM's --gpu-memory-utilization).")
-@click.option("--reserve", "reserve_gib", type=float, default=1.0, show_default=True, metavar="GiB",
+@click.option("--reserve", "reserve_gib", type=FiniteNumber(0, 1 << 20), default=1.0, show_default=True, metavar="GiB",
               help="With --memory: held back inside that share for activations and CUDA graphs.")
 @config_option
 @store_option
@@ -337,11 +346,13 @@ def _signature_failure(unsigned: list[tuple[str, int]]) -> IntegrityError:
 
 
 @click.command("gc")
-@click.option("--keep-history", default=10, show_default=True, help="Keep versions named by the last N alias changes.")
-@click.option("--keep-latest", default=3, show_default=True, help="Keep the newest K versions of each model.")
+@click.option("--keep-history", type=WholeNumber(), default=10, show_default=True,
+              help="Keep versions named by the last N alias changes.")
+@click.option("--keep-latest", type=WholeNumber(), default=3, show_default=True,
+              help="Keep the newest K versions of each model.")
 @click.option("--dry-run", is_flag=True, help="Only show the plan (the default without --yes).")
 @click.option("--yes", is_flag=True, help="Carry out the plan.")
-@click.option("--grace-hours", default=24.0, show_default=True,
+@click.option("--grace-hours", type=FiniteNumber(0, 24 * 365 * 100), default=24.0, show_default=True,
               help="S3 stores: only blobs older than this are removed (pushes in flight are protected by leases).")
 @config_option
 @store_option

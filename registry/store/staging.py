@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def _dead_here(name: str) -> bool:
     """Whether a staging tree's name says it was made on this host by a process that no longer exists."""
     host, _, rest = name.removeprefix("stage-").rpartition("-")[0].rpartition("-")
-    if host != socket.gethostname() or not rest.isdigit():
+    if host != socket.gethostname() or not (rest.isascii() and rest.isdigit() and len(rest) <= 9):
         return False
     try:
         os.kill(int(rest), 0)

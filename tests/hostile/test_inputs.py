@@ -143,7 +143,16 @@ def _check_with_template(template: str) -> Setup:
     return setup
 
 
+def _renamed_layer(number: str) -> Callable[[dict[str, Any], int], dict[str, Any]]:
+    """Layer 1's tensors renamed to layer `number` (a digit str.isdigit takes and int() refuses or misreads)."""
+    def change(h: dict[str, Any], _body: int) -> dict[str, Any]:
+        return {k.replace(".layers.1.", f".layers.{number}."): v for k, v in h.items()}
+    return change
+
+
 CASES: list[Case] = [
+    *(Case(f"tensors of layer {what} --to gguf:F16", _header(_renamed_layer(n), "gguf:F16"), 4, None)
+      for what, n in (("²", "²"), ("١", "١"), ("of 5,000 digits", "1" * 5000))),
     *(Case(f"shard index: {what} --to {t}", _index(change, t), code, error, (says,))
       for what, change, code, error, says in INDEX_DAMAGE for t in ("hf", "gguf:F16")),
     *(Case(f"safetensors {what} --to {t}", _header(change, t), 4, "InvalidSafetensors",

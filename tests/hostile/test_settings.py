@@ -108,6 +108,16 @@ VALUE_CASES = [
     Case("gc --grace-hours nan", _published("gc", "--grace-hours", "nan"), 2, "UsageError", ("--grace-hours",)),
     *(Case(f"rollback --to {to}", _promoted("rollback", "m", "--to", to), 2, "UsageError", ("--to",))
       for to in ("0", "-3", "²", "x")),
+    # every number an option takes: ASCII digits (int() reads '١' as 1), finite, in its range
+    *(Case(" ".join(argv), _published(*argv), 2, "UsageError", (argv[-2], "takes")) for argv in [
+        ("gc", "--keep-latest", "١"), ("gc", "--keep-history", "²"), ("gc", "--grace-hours", "inf"),
+        ("show", "m@1", "--memory", "nan"), ("show", "m@1", "--memory", "0"), ("show", "m@1", "--memory", "1e400"),
+        ("show", "m@1", "--memory", "80", "--context", "١٠"), ("show", "m@1", "--memory", "80", "--utilization", "2"),
+        ("show", "m@1", "--memory", "80", "--reserve", "-1"), ("sync", "s3://b/p", "m", "--watch", "nan"),
+        ("sync", "s3://b/p", "m", "--watch", "0"), ("convert", "m@1", "--to", "gguf:Q4_K_M", "--eval-tokens", "0"),
+        ("convert", "m@1", "--to", "gguf:Q4_K_M", "--calibration-ctx", "²"),
+        ("promote", "m@1", "--ready-cmd", "true", "--ready-timeout", "١"),
+    ]),
 ]
 
 # -- special files where a file is named ---------------------------------------------------------------------------
@@ -400,3 +410,4 @@ def test_a_linked_import_asks_for_no_cache_space_and_a_copy_names_the_margin(wor
     r = run("pull", src, "--copy", "--json")
     assert r.exit_code == 7, r.stderr
     assert "64.0 MiB safety margin" in r.json["error"]["message"] and "1.0 MiB free" in r.json["error"]["message"]
+
