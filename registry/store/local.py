@@ -25,6 +25,7 @@ from registry.digest import file_chunks, sha256_file, write_hashed
 from registry.errors import Conflict, IntegrityError, ModelNotFound, UsageError, VersionNotFound
 from registry.progress import Progress
 from registry.refs import Ref
+from registry.store.lease import FileSlot
 from registry.store.protocol import AliasDecision, Version, manifest_bytes, resolve_ref
 from registry.store.staging import Staging
 
@@ -273,6 +274,10 @@ class LocalStore:
     def writers(self) -> contextlib.AbstractContextManager[bool]:
         """Held (shared) by publishers while they ingest and publish; gc holds it exclusively."""
         return atomic.flock(self.root / layout.GC_LOCK, shared=True)
+
+    def conversion_slot(self, name: str, key: str) -> FileSlot:
+        """Where the lease of one conversion lives."""
+        return FileSlot(self.root, name, key)
 
     def stage(self, name: str) -> Staging:
         """Start a staging tree for a new version of `name`."""
