@@ -91,6 +91,20 @@ class LeaseDoc(BaseModel):
         return False
 
 
+#: gc removes a lease this long past its expiry (a waiter takes it over at once; gc only tidies what nobody waits
+#: for), and one whose bytes do not parse this long after they were written.
+STALE_AFTER_S = 60.0
+UNREADABLE_AFTER_S = 3600.0
+
+
+def stale(data: bytes, written: float, now: float) -> bool:
+    """Whether gc may remove a lease: long expired, its holder gone from this host, or unreadable and old."""
+    doc = parse(data)
+    if doc is None:
+        return now - written > UNREADABLE_AFTER_S
+    return doc.expires < now - STALE_AFTER_S or doc.dead_here()
+
+
 def parse(data: bytes) -> LeaseDoc | None:
     """The lease these bytes hold; None for bytes mreg did not write whole (a writer killed mid-write)."""
     try:
@@ -122,10 +136,16 @@ class FileSlot:
     compare and write are one step; the lease is created with O_CREAT|O_EXCL and replaced by rename."""
 
     def __init__(self, root: Path, name: str, key: str) -> None:
-        self.root = root
         self.path = layout.conversion_lease(root, name, key)
         self.guard = layout.conversion_lock(root, name, key)
         self.where = str(self.path)
+
+    @classmethod
+    def at(cls, path: Path) -> FileSlot:
+        """The slot of a lease file found on disk (gc)."""
+        slot = cls.__new__(cls)
+        slot.path, slot.guard, slot.where = path, path.with_suffix(".lock"), str(path)
+        return slot
 
     def _read(self) -> tuple[bytes, str] | None:
         try:
@@ -169,6 +189,27 @@ class FileSlot:
             now = self._read()
             if now is not None and now[1] == token:
                 self.path.unlink()
+
+    def remove_if_stale(self, now: float) -> bool:
+        """Unlink the lease (and its guard) when gc may (`stale`), judged again under the guard; whether it did."""
+        with atomic.flock(self.guard):
+            try:
+                data, written = self.path.read_bytes(), self.path.stat().st_mtime
+            except FileNotFoundError:
+                return False
+            if not stale(data, written, now):
+                return False
+            self.path.unlink()
+            return True
+
+
+def local_leases(root: Path) -> list[FileSlot]:
+    """Every conversion lease of a local store."""
+    d = layout.locks_dir(root)
+    if not d.is_dir():
+        return []
+    atomic.require_no_link(root, d, "conversion leases")
+    return [FileSlot.at(p) for p in sorted(d.glob("*" + layout.LEASE_SUFFIX)) if not p.is_symlink()]
 
 
 class LeaseLost(Conflict):
