@@ -58,7 +58,8 @@ def _say_waiting(w: Waiting) -> None:
     import time
 
     if w.holder is None:
-        click.echo(f"waiting: another run is taking the conversion lease {w.where}", err=True)
+        click.echo(f"waiting: the conversion lease {w.where} is being written, or is not one mreg wrote; "
+                   "it is taken over if it does not change for one lease duration", err=True)
         return
     left = max(0, round(w.holder.expires - time.time()))
     click.echo(f"waiting: {w.holder.name}'s conversion {w.holder.key[:12]}… is being done by {w.holder.holder()} "

@@ -66,14 +66,7 @@ def convert(
     check_name(name)
     progress = progress or NoProgress()
     started = time.monotonic()
-    requested = [fmt for fmt, _ in targets]
-    carried = [a for a in (parent.manifest.artifacts if parent else ()) if a.format not in requested]
-    plan = with_prerequisites(targets, {a.format for a in carried})
-    key = conversion_key(
-        snapshot.record.source,
-        [(a.format, a.converter.name, a.converter.version, a.options, a.tool_versions) for a in carried]
-        + [(c.format, c.name, c.version, opts, tools) for c, opts, tools in plan],
-    )
+    plan, carried, key = planned(snapshot, targets, parent)
 
     def work(lease: Lease) -> Version:
         if isinstance(store, LocalStore):
@@ -86,6 +79,20 @@ def convert(
     version = done.made or done.found
     assert version is not None
     return ConversionOutcome(version, done.made is None, time.monotonic() - started, snapshot.record.source)
+
+
+def planned(snapshot: Snapshot, targets: Sequence[Target],
+            parent: Version | None = None) -> tuple[list[Planned], list[Artifact], str]:
+    """The targets to make (after what they need), the parent's artifacts carried along, and the conversion key."""
+    requested = [fmt for fmt, _ in targets]
+    carried = [a for a in (parent.manifest.artifacts if parent else ()) if a.format not in requested]
+    plan = with_prerequisites(targets, {a.format for a in carried})
+    key = conversion_key(
+        snapshot.record.source,
+        [(a.format, a.converter.name, a.converter.version, a.options, a.tool_versions) for a in carried]
+        + [(c.format, c.name, c.version, opts, tools) for c, opts, tools in plan],
+    )
+    return plan, carried, key
 
 
 def _make_remote(remote: S3Store, snapshot: Snapshot, name: str, key: str, plan: list[Planned], *, copy: bool,
