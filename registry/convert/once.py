@@ -9,8 +9,9 @@
       └ no: --no-wait ─▶ LeaseHeld (exit 5); else say who holds it (once per holder), sleep, loop
 
 Expiry is judged on this machine's own clock: a lease whose bytes did not change for one duration
-while this run watched is expired, whatever the holder's clock says; so is one whose written expiry
-lies more than a duration in the past (a lease abandoned long before this run started).
+(this run's, or the holder's when longer) while this run watched is expired, whatever the holder's
+clock says; so is one whose written expiry lies more than a duration in the past (a lease abandoned
+long before this run started).
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ def run_once(slot: LeaseSlot, name: str, key: str, *, find: Callable[[], V | Non
 def _expired(doc: LeaseDoc | None, first_seen: float, duration: float) -> bool:
     """Unchanged for a whole duration while watched, long past its own expiry, unreadable and old, or its holder
     gone from this host."""
+    if doc is not None:
+        duration = max(duration, doc.seconds)  # a holder with a longer lease than this run's is given all of it
     if time.monotonic() - first_seen > duration:
         return True
     if doc is None:
@@ -98,4 +101,4 @@ def _expired(doc: LeaseDoc | None, first_seen: float, duration: float) -> bool:
 
 def _unknown(name: str, key: str) -> LeaseDoc:
     """A stand-in for a lease whose bytes do not parse (being written), to name in messages."""
-    return LeaseDoc(name=name, key=key, host="unknown host", pid=0, pidns="", id="?", taken=0, expires=0)
+    return LeaseDoc(name=name, key=key, host="unknown host", pid=0, pidns="", id="?", taken=0, expires=0, seconds=0)

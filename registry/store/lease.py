@@ -8,7 +8,7 @@ expired lease, one replaces it and the other's write is refused. The lease never
 the version's manifest does; a lease only says who does the work.
 
     {"schema_version": 1, "name": …, "key": …, "host": …, "pid": …, "pidns": …, "id": <random>,
-     "taken": <unix time>, "expires": <unix time>}
+     "taken": <unix time>, "expires": <unix time>, "seconds": <its duration>}
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ class LeaseDoc(BaseModel):
     id: str
     taken: float
     expires: float
+    #: The holder's lease duration: a waiter set shorter still waits this long (runners that disagree are safe).
+    seconds: float
 
     def holder(self) -> str:
         """The owner, as messages name it."""
@@ -282,4 +284,4 @@ def new_doc(name: str, key: str, duration: float) -> LeaseDoc:
     """A lease for this process, fresh from now."""
     now = time.time()
     return LeaseDoc(name=name, key=key, host=socket.gethostname(), pid=os.getpid(), pidns=_pid_namespace(),
-                    id=uuid.uuid4().hex, taken=now, expires=now + duration)
+                    id=uuid.uuid4().hex, taken=now, expires=now + duration, seconds=duration)
