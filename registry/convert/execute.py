@@ -101,13 +101,23 @@ def _make_remote(remote: S3Store, snapshot: Snapshot, name: str, key: str, plan:
     manifest, key index) is what keeps a killed run from leaving a partial version in the bucket."""
     from registry.store.transfer import push
 
-    # $TMPDIR on the cache's filesystem makes the work store's copies of the source hard links.
-    with tempfile.TemporaryDirectory(prefix="mreg-convert-") as work:
-        local = LocalStore(Path(work))
+    # $TMPDIR on the cache's filesystem makes the work store's copies of the source hard links. Named by host and
+    # pid, so that the next run here removes what a killed one left.
+    tmp = Path(tempfile.gettempdir())
+    atomic.sweep(tmp, _WORK_TAG)
+    work = atomic.temp_name(tmp / "mreg-convert", _WORK_TAG)
+    work.mkdir()
+    try:
+        local = LocalStore(work)
         made = _make(local, snapshot, name, key, plan, [], None, copy=copy, progress=progress,
                      before_publish=lambda: None)
         lease.confirm()
         return push(local, made, remote, progress=progress).version
+    finally:
+        atomic.remove_tree(work, root=tmp)
+
+
+_WORK_TAG = "work"
 
 
 def _make(store: LocalStore, snapshot: Snapshot, name: str, key: str, plan: list[Planned], carried: list[Artifact],

@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -178,6 +179,8 @@ def test_holder_killed_mid_conversion_is_taken_over(kind: str, remote: str, mode
     assert took_over < float(LEASE_S) + 15, f"taken over and published {took_over:.1f} s after the kill"
     assert _verified(kind, store_root, remote) == [1], "no partial version, one version"
     assert _leases(kind, store_root, remote) == [], "no lease left"
+    left = [p for p in Path(tempfile.gettempdir()).glob(".mreg-convert.work-*") if f"-{holder.pid}-" in p.name]
+    assert left == [], "the run that took over removed the killed holder's work store"
     print(f"{kind}: SIGKILL → waiters done in {took_over:.2f} s")
 
 
