@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from manifests import CheckRecord, SignatureRecord
     from registry.cache import Snapshot
     from registry.convert.execute import ConversionOutcome
+    from registry.convert.once import Waiting
     from registry.convert.protocol import Target
     from registry.oci.transfer import OciPushOutcome, OciSyncOutcome
     from registry.release.aliases import AliasChange
@@ -130,26 +131,35 @@ def version_source(store: LocalStore, source: str) -> Version | None:
     return store.resolve(parse_ref(source))
 
 
-def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore,
+def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore | S3Store,
             cache: str | Path, name: str | None = None, copy: bool = False, include: Sequence[str] = (),
             exclude: Sequence[str] = (), allow_pickle: bool = False, offline: bool = False,
             endpoint: str | None = None, progress: Progress | None = None,
-            on_pull: Callable[[], None] | None = None, insecure: bool = False) -> ConversionOutcome:
+            on_pull: Callable[[], None] | None = None, insecure: bool = False, wait: bool = True,
+            on_wait: Callable[[Waiting], None] | None = None) -> ConversionOutcome:
     """Convert a source into a new verified version of `name` (or find the same conversion's version).
 
     SOURCE is a hub repository, a local directory, or `NAME@REF` of a version in the store: the
     new version then carries that version's artifacts and adds the targets. `on_pull` runs just
     before anything is fetched (the CLI quiets huggingface_hub's bars there). `copy`: copies, never
-    links: a local directory into the cache, the cache's files into the store.
+    links: a local directory into the cache, the cache's files into the store. The store may be an
+    S3 store: the version is built on this machine, then pushed. While another run (here or on another
+    machine) does the same conversion, this one waits for its version (`on_wait` is told who holds it),
+    or with `wait=False` raises LeaseHeld (exit 5).
     """
     from registry import provenance
     from registry.cache import load_record
     from registry.convert.execute import convert as run
+    from registry.store.local import LocalStore as Local
 
     provenance.user()  # a bad MREG_USER is refused before any work, not when the manifest is written
     parsed = parse_targets(targets)
     check_targets(parsed)
-    parent = version_source(store, source)
+    parent = version_source(store, source) if isinstance(store, Local) else None
+    if not isinstance(store, Local) and _names_version(source) and store.has_model(source.split("@", 1)[0]):
+        raise UsageError(f"{source}: converting a version of an S3 store into it is not supported",
+                         hint="convert from the version's source (a repository or directory), or in a local "
+                              "store, then `mreg push`")
     fetch = on_pull or (lambda: None)
     if parent is not None:
         src = parent.manifest.source
@@ -173,7 +183,15 @@ def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore,
         source = _refuse_early(source, parsed, cache=cache, offline=offline, endpoint=endpoint, insecure=insecure)
         snap = pull(source, cache=cache, include=include, exclude=exclude, allow_pickle=allow_pickle,
                     offline=offline, endpoint=endpoint, progress=progress, insecure=insecure, copy=copy)
-    return run(store, snap, name, parsed, copy=copy, progress=progress, parent=parent)
+    return run(store, snap, name, parsed, copy=copy, progress=progress, parent=parent, wait=wait, on_wait=on_wait)
+
+
+def _names_version(source: str) -> bool:
+    """Whether a convert SOURCE reads as `NAME@REF` (not a repository, directory or OCI reference)."""
+    from registry.cache import local_source
+
+    head = source.split("@", 1)[0]
+    return "@" in source and "/" not in head and ":" not in head and local_source(source) is None and is_name(head)
 
 
 def _refuse_early(source: str, targets: Sequence[Target], *, cache: str | Path, offline: bool,

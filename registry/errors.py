@@ -145,7 +145,7 @@ EXIT_CODES: dict[int, str] = {
     3: "not found (model, version, alias, repository, revision)",
     4: "integrity failure (a digest does not match, a symlink leads out of the store, a remote object disagrees "
        "with its key)",
-    5: "conflict: lost a race with another writer, or --expect did not hold",
+    5: "conflict: lost a race with another writer, --expect did not hold, or another run holds the conversion's lease",
     6: "refused by a promotion gate, or no gguf:auto candidate meets the budget",
     7: "not enough free space",
     8: "unsafe input refused (pickle weights, path-traversing file names)",

@@ -9,7 +9,9 @@ Store::
       caches/<format>/…                  what converters keep to speed up rebuilds (TensorRT timing caches)
       caches/oci-image/ab/ab12….json     the digest of a file's tar layer (`push --as-image`), per blob and path
       gc.lock                            publishers hold it shared, gc exclusive
-      locks/convert-<name>-<key>.lock    one conversion at a time per key: a second run waits, then reuses
+      locks/convert-<name>-<key>.lock    guards the lease beside it (held for a few ms per read or write)
+      locks/convert-<name>-<key>.lease   the conversion lease: owner and expiry, renewed while the work runs;
+                                         a second run waits for the version, or takes over once it expires
       models/<name>/
         versions/<n>/manifest.json       written last: its presence means the version is complete
         versions/<n>/<format>/…          the artifact tree, hard links to blobs
@@ -26,7 +28,9 @@ Store::
 S3 store (`s3://bucket/prefix/`): the same `blobs/` and `models/<name>/versions/<n>/manifest.json`,
 plus `models/<name>/aliases/<alias>.json` (an alias record with its history),
 `models/<name>/keys/<conversion key>.json` (finds a version by its key without listing),
-`leases/<uuid>.json` (digests an in-flight push will reference) and `gc.lock`.
+`leases/<uuid>.json` (digests an in-flight push will reference),
+`conversions/<name>/<conversion key>.json` (the lease of a conversion in progress: owner and expiry; never a
+version, and outside `models/` so that nothing listing models sees it) and `gc.lock`.
 
 Cache: huggingface_hub's own layout (`models--org--name/{blobs,snapshots,refs}`, named as its
 own `repo_folder_name`) plus `models--org--name/.mreg/<commit>.json`, the record of what mreg
@@ -63,6 +67,8 @@ BASELINES = "baselines"
 S3_ALIASES = "aliases"
 S3_KEYS = "keys"
 S3_LEASES = "leases"
+S3_CONVERSIONS = "conversions"
+LEASE_SUFFIX = ".lease"
 
 CACHE_MREG = ".mreg"
 CACHE_PULLS = "pulls"
@@ -102,6 +108,16 @@ def caches_dir(root: Path) -> Path:
 def conversion_lock(root: Path, name: str, key: str) -> Path:
     """The lock that serializes runs of one conversion (same model name, same conversion key)."""
     return root / LOCKS / f"convert-{name}-{key[:32]}.lock"
+
+
+def conversion_lease(root: Path, name: str, key: str) -> Path:
+    """The lease of one conversion in progress (guarded by `conversion_lock`): who holds it, until when."""
+    return conversion_lock(root, name, key).with_suffix(LEASE_SUFFIX)
+
+
+def locks_dir(root: Path) -> Path:
+    """Directory of the conversion locks and leases."""
+    return root / LOCKS
 
 
 def model_dir(root: Path, name: str) -> Path:
@@ -241,6 +257,16 @@ def s3_leases() -> tuple[str, ...]:
 def s3_lease(lease_id: str) -> tuple[str, ...]:
     """One push lease."""
     return (S3_LEASES, f"{lease_id}.json")
+
+
+def s3_conversion_leases() -> tuple[str, ...]:
+    """The prefix of every conversion lease."""
+    return (S3_CONVERSIONS,)
+
+
+def s3_conversion_lease(name: str, key: str) -> tuple[str, ...]:
+    """The lease of one conversion in progress, taken create-only and replaced by If-Match on its ETag."""
+    return (S3_CONVERSIONS, name, f"{key}.json")
 
 
 def s3_gc_lock() -> tuple[str, ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from registry import api
@@ -14,10 +16,14 @@ from registry.cli.options import (
     progress_for,
     pull_options,
     quiet_hub,
+    s3_store,
     settings_for,
     store_option,
 )
 from registry.cli.render import Output
+
+if TYPE_CHECKING:
+    from registry.convert.once import Waiting
 
 
 def _tensorrt_tokens(backend: str | None, target: str | None, shapes: str | None, precision: str | None) -> list[str]:
@@ -48,6 +54,19 @@ def _gguf_tokens(budget: str | None, evaluation: str | None, eval_tokens: int | 
         f"imatrix={imatrix_file}" if imatrix_file else "") if t]
 
 
+def _say_waiting(w: Waiting) -> None:
+    """Who this run waits for, on stderr (once per holder)."""
+    import time
+
+    if w.holder is None:
+        click.echo(f"waiting: the conversion lease {w.where} is being written, or is not one mreg wrote; "
+                   "it is taken over if it does not change for one lease duration", err=True)
+        return
+    left = max(0, round(w.holder.expires - time.time()))
+    click.echo(f"waiting: {w.holder.name}'s conversion {w.holder.key[:12]}… is being done by {w.holder.holder()} "
+               f"since {w.holder.since()} (lease {w.where}, expires in {left} s unless renewed)", err=True)
+
+
 @click.command("convert")
 @click.argument("source", metavar="REPO[@REVISION] | ./DIR | NAME@REF | oci://HOST/REPO:TAG | oci-layout:DIR | "
                                   "oci-archive:FILE.tar")
@@ -75,6 +94,9 @@ def _gguf_tokens(budget: str | None, evaluation: str | None, eval_tokens: int | 
               help="GGUF: tokens per calibration chunk (default 512).")
 @click.option("--imatrix", "imatrix_file", metavar="FILE",
               help="GGUF: quantize with this importance matrix made by llama-imatrix (.gguf or .dat).")
+@click.option("--no-wait", is_flag=True,
+              help="When another run (on any machine) is doing this same conversion, exit 5 at once instead of "
+                   "waiting for its version.")
 @config_option
 @cache_option
 @store_option
@@ -85,13 +107,16 @@ def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: b
                 evaluation: str | None, eval_tokens: int | None, calibration: str | None,
                 calibration_ctx: int | None, imatrix_file: str | None, config_path: str | None,
                 cache_dir: str | None, store: str | None, include: tuple[str, ...], exclude: tuple[str, ...],
-                allow_pickle: bool, offline: bool, endpoint: str | None, insecure: bool, as_json: bool) -> None:
+                allow_pickle: bool, offline: bool, endpoint: str | None, insecure: bool, no_wait: bool,
+                as_json: bool) -> None:
     """Convert a source (pulled into the cache first if needed) into a new, verified version.
 
     SOURCE is a hub repository, a local directory, or an existing version (NAME@REF): then the
     new version carries that version's artifacts (no copy) and adds the targets to them. The
     same conversion (same source bytes, converters, options, tool versions) run again returns
-    the existing version without new work.
+    the existing version without new work. The store may be s3://BUCKET/PREFIX: the version is built on this
+    machine, then pushed. One run per conversion does the work, on any number of machines sharing the store:
+    the others wait for its version (saying on stderr who they wait for), or exit 5 with --no-wait.
     """
     from registry.convert.plan import parse_target, with_spec_flags
 
@@ -103,11 +128,12 @@ def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: b
                              "--budget, --evaluation, --eval-tokens, --calibration, --calibration-ctx and --imatrix")
     api.check_targets(parsed)  # bad targets or options are refused before any download
     settings = settings_for(config_path, cache_dir, store)
-    st = local_store(settings)
+    location = str(settings.require_store())
+    st = s3_store(location) if location.startswith("s3://") else local_store(settings)
     outcome = api.convert(source, parsed, store=st, cache=settings.require_cache(), name=name, copy=copy,
                           include=include, exclude=exclude, allow_pickle=allow_pickle, offline=offline,
                           endpoint=endpoint, progress=progress_for(as_json), on_pull=lambda: quiet_hub(as_json),
-                          insecure=insecure)
+                          insecure=insecure, wait=not no_wait, on_wait=_say_waiting)
     v = outcome.version
     m = v.manifest
     doc = {

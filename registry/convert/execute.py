@@ -1,23 +1,32 @@
-"""Executing a conversion plan: reuse the version with the same key, or stage, convert, verify, publish."""
+"""Executing a conversion plan: reuse the version with the same key, or (holding its lease) stage, convert, verify,
+publish."""
 
 from __future__ import annotations
 
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from manifests import Artifact, ConverterInfo, Manifest, SourceInfo
 from registry import atomic, layout, provenance
 from registry.cache import Snapshot
 from registry.convert.modelinfo import read_model_info
+from registry.convert.once import Waiting, run_once
 from registry.convert.plan import Planned, conversion_key, groups, with_prerequisites
 from registry.convert.protocol import ConversionRequest, ConversionResult, Options, Target
 from registry.errors import IntegrityError
 from registry.progress import NoProgress, Progress
 from registry.refs import check_name
+from registry.store.lease import Lease
 from registry.store.local import LocalStore
 from registry.store.protocol import Version
 from registry.store.staging import Staging
+
+if TYPE_CHECKING:
+    from registry.store.s3 import S3Store  # botocore is imported only where an S3 store is opened
 
 
 @dataclass(frozen=True)
@@ -32,7 +41,7 @@ class ConversionOutcome:
 
 
 def convert(
-    store: LocalStore,
+    store: LocalStore | S3Store,
     snapshot: Snapshot,
     name: str,
     targets: Sequence[Target],
@@ -40,16 +49,41 @@ def convert(
     copy: bool = False,
     progress: Progress | None = None,
     parent: Version | None = None,
+    wait: bool = True,
+    on_wait: Callable[[Waiting], None] | None = None,
 ) -> ConversionOutcome:
     """Make (or find) the version of `name` holding `targets` converted from `snapshot`.
 
     With `parent`, the new version carries the parent's artifacts (links to the same blobs, no
     copy) and adds or replaces the targets; a target that needs another format (TensorRT needs
     ONNX) finds it among them, or has it made first with default options.
+
+    One run per key does the work, on any number of machines sharing the store
+    (`registry.convert.once`): the others wait for its version (`on_wait` says who they wait for),
+    or with `wait=False` raise LeaseHeld at once. Into an S3 store the version is built in a
+    temporary local store, then pushed (blobs, create-only manifest, key index).
     """
     check_name(name)
     progress = progress or NoProgress()
     started = time.monotonic()
+    plan, carried, key = planned(snapshot, targets, parent)
+
+    def work(lease: Lease) -> Version:
+        if isinstance(store, LocalStore):
+            return _make(store, snapshot, name, key, plan, carried, parent, copy=copy, progress=progress,
+                         before_publish=lease.confirm)
+        return _make_remote(store, snapshot, name, key, plan, copy=copy, progress=progress, lease=lease)
+
+    done = run_once(store.conversion_slot(name, key), name, key, find=lambda: store.find_by_key(name, key),
+                    work=work, wait=wait, on_wait=on_wait)
+    version = done.made or done.found
+    assert version is not None
+    return ConversionOutcome(version, done.made is None, time.monotonic() - started, snapshot.record.source)
+
+
+def planned(snapshot: Snapshot, targets: Sequence[Target],
+            parent: Version | None = None) -> tuple[list[Planned], list[Artifact], str]:
+    """The targets to make (after what they need), the parent's artifacts carried along, and the conversion key."""
     requested = [fmt for fmt, _ in targets]
     carried = [a for a in (parent.manifest.artifacts if parent else ()) if a.format not in requested]
     plan = with_prerequisites(targets, {a.format for a in carried})
@@ -58,20 +92,37 @@ def convert(
         [(a.format, a.converter.name, a.converter.version, a.options, a.tool_versions) for a in carried]
         + [(c.format, c.name, c.version, opts, tools) for c, opts, tools in plan],
     )
-    existing = store.find_by_key(name, key)
-    if existing is None:
-        # The same conversion started elsewhere (a CI job run twice): wait for it, then find its version.
-        with atomic.flock(layout.conversion_lock(store.root, name, key)):
-            existing = store.find_by_key(name, key)
-            if existing is None:
-                return _make(store, snapshot, name, key, plan, carried, parent, copy=copy, progress=progress,
-                             started=started)
-    return ConversionOutcome(existing, True, time.monotonic() - started, snapshot.record.source)
+    return plan, carried, key
+
+
+def _make_remote(remote: S3Store, snapshot: Snapshot, name: str, key: str, plan: list[Planned], *, copy: bool,
+                 progress: Progress, lease: Lease) -> Version:
+    """Build the version in a temporary local store, then push it: the push's own order (blobs, create-only
+    manifest, key index) is what keeps a killed run from leaving a partial version in the bucket."""
+    from registry.store.transfer import push
+
+    # $TMPDIR on the cache's filesystem makes the work store's copies of the source hard links. Named by host and
+    # pid, so that the next run here removes what a killed one left.
+    tmp = Path(tempfile.gettempdir())
+    atomic.sweep(tmp, _WORK_TAG)
+    work = atomic.temp_name(tmp / "mreg-convert", _WORK_TAG)
+    work.mkdir()
+    try:
+        local = LocalStore(work)
+        made = _make(local, snapshot, name, key, plan, [], None, copy=copy, progress=progress,
+                     before_publish=lambda: None)
+        lease.confirm()
+        return push(local, made, remote, progress=progress).version
+    finally:
+        atomic.remove_tree(work, root=tmp)
+
+
+_WORK_TAG = "work"
 
 
 def _make(store: LocalStore, snapshot: Snapshot, name: str, key: str, plan: list[Planned], carried: list[Artifact],
-          parent: Version | None, *, copy: bool, progress: Progress, started: float) -> ConversionOutcome:
-    """Stage, convert every group, verify, publish: the new version."""
+          parent: Version | None, *, copy: bool, progress: Progress, before_publish: Callable[[], None]) -> Version:
+    """Stage, convert every group, verify, publish (once `before_publish` allows it): the new version."""
     with store.writers():
         staging = store.stage(name)
         try:
@@ -89,11 +140,11 @@ def _make(store: LocalStore, snapshot: Snapshot, name: str, key: str, plan: list
                 created=provenance.now(),
             )
             snapshot.check_unchanged()  # a linked directory written to while it was read: nothing is published
-            version = store.publish(staging, manifest)
+            before_publish()
+            return store.publish(staging, manifest)
         except BaseException:
             staging.discard()
             raise
-    return ConversionOutcome(version, False, time.monotonic() - started, snapshot.record.source)
 
 
 def _run_group(staging: Staging, snapshot: Snapshot, name: str, group: list[Planned], artifacts: list[Artifact],

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 
 from registry import atomic, layout
 from registry.errors import Conflict, IntegrityError
+from registry.store import lease
+from registry.store.lease import FileSlot, local_leases
 from registry.store.local import LocalStore
 from registry.store.protocol import Store, first_of
 
@@ -43,7 +45,7 @@ class GCPlan:
     kept: tuple[tuple[str, int, str], ...]
     blobs: tuple[tuple[str, int], ...]
     staging: tuple[str, ...]
-    #: S3: push leases past their expiry.
+    #: Push leases (S3) and conversion leases (both) past their expiry.
     leases: tuple[str, ...] = ()
     #: Versions whose signature records are removed: those removed now, and those removed before.
     signatures: tuple[tuple[str, int], ...] = ()
@@ -87,7 +89,16 @@ def plan_gc(store: LocalStore, *, keep_history: int = 10, keep_latest: int = 3) 
     blobs = [(d, p.stat().st_size) for d, p in store.blob_digests() if d not in referenced]
     staging = [str(p) for p in _stale_staging(store)]
     records = sorted({*(v for v in remove if _has_records(store, *v)), *_orphan_records(store)})
-    return GCPlan(tuple(remove), tuple(kept), tuple(blobs), tuple(staging), signatures=tuple(records))
+    now = time.time()
+    leases = [s.where for s in local_leases(store.root) if _stale_file(s.path, now)]
+    return GCPlan(tuple(remove), tuple(kept), tuple(blobs), tuple(staging), tuple(leases), tuple(records))
+
+
+def _stale_file(path: Path, now: float) -> bool:
+    try:
+        return lease.stale(path.read_bytes(), path.stat().st_mtime, now)
+    except FileNotFoundError:
+        return False
 
 
 def _has_records(store: LocalStore, name: str, number: int) -> bool:
@@ -176,6 +187,8 @@ def execute_gc(store: LocalStore, plan: GCPlan) -> GCPlan:
             for n in store.versions(name):
                 for art in store.version(name, n).manifest.artifacts:
                     referenced.update(f.sha256 for f in art.files)
+        now = time.time()
+        removed_leases = [s for s in plan.leases if FileSlot.at(Path(s)).remove_if_stale(now)]
         removed_blobs = []
         for digest, size in plan.blobs:
             if digest in referenced:
@@ -186,7 +199,7 @@ def execute_gc(store: LocalStore, plan: GCPlan) -> GCPlan:
                 os.unlink(blob)
                 removed_blobs.append((digest, size))
     return GCPlan(tuple(removed_versions), plan.kept, tuple(removed_blobs), tuple(removed_staging),
-                  signatures=tuple(removed_records))
+                  tuple(removed_leases), signatures=tuple(removed_records))
 
 
 def _lock_holder(store: LocalStore) -> Conflict:
@@ -216,7 +229,8 @@ def collect(store: Store, *, keep_history: int = 10, keep_latest: int = 3, grace
 
 
 def gc_remote(remote: S3Store, *, grace_s: float = 24 * 3600, apply: bool = False) -> GCPlan:
-    """Mark from every manifest and live lease; sweep unreferenced blobs older than the grace period."""
+    """Mark from every manifest and live lease; sweep unreferenced blobs older than the grace period, and leases
+    past their expiry (a conversion's blobs are protected by its push's lease while they are uploaded)."""
     from registry.store.s3 import LEASE_TTL_S
 
     lock_key = remote.key(*layout.s3_gc_lock())
@@ -235,6 +249,10 @@ def gc_remote(remote: S3Store, *, grace_s: float = 24 * 3600, apply: bool = Fals
                 stale_leases.append(o["Key"])
             else:
                 referenced.update(digests)
+        for o in remote.list_objects(remote.key(*layout.s3_conversion_leases()) + "/"):
+            obj = remote.get(o["Key"])
+            if obj is not None and lease.stale(obj.data, o["LastModified"].timestamp(), now):
+                stale_leases.append(o["Key"])
         for name in remote.models():
             for n in remote.versions(name):
                 for art in remote.version(name, n).manifest.artifacts:

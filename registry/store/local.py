@@ -28,6 +28,7 @@ from registry.errors import Conflict, IntegrityError, ModelNotFound, UsageError,
 from registry.progress import Progress
 from registry.refs import Ref
 from registry.store import entries
+from registry.store.lease import FileSlot
 from registry.store.protocol import AliasDecision, Version, first_of, manifest_bytes, read_manifest, resolve_ref
 from registry.store.staging import Staging
 
@@ -318,6 +319,10 @@ class LocalStore:
     def writers(self) -> contextlib.AbstractContextManager[bool]:
         """Held (shared) by publishers while they ingest and publish; gc holds it exclusively."""
         return atomic.flock(self.root / layout.GC_LOCK, shared=True)
+
+    def conversion_slot(self, name: str, key: str) -> FileSlot:
+        """Where the lease of one conversion lives."""
+        return FileSlot(self.root, name, key)
 
     def stage(self, name: str) -> Staging:
         """Start a staging tree for a new version of `name`."""

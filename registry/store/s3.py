@@ -7,6 +7,7 @@ Layout under `s3://bucket/prefix/`::
     models/<name>/keys/<conversion key>.json    {"version": n}: finds a re-push without listing
     models/<name>/aliases/<alias>.json          an AliasRecord (target + its history), replaced by If-Match on its ETag
     leases/<uuid>.json                          digests an in-flight push will reference (gc treats them as roots)
+    conversions/<name>/<key>.json               the lease of a conversion in progress (registry.store.lease)
     gc.lock                                     held by a running gc (create-only); pushes wait while it exists
 
 Readers go alias record → manifest → blobs by key; LIST only serves `list` and gc.
@@ -27,6 +28,7 @@ from registry.errors import (
     Conflict,
     IntegrityError,
     ModelNotFound,
+    NotFound,
     VersionNotFound,
 )
 from registry.refs import Ref
@@ -280,6 +282,10 @@ class S3Store(Bucket):
 
     # -- leases and the gc lock ----------------------------------------------------------
 
+    def conversion_slot(self, name: str, key: str) -> ConversionSlot:
+        """Where the lease of one conversion lives."""
+        return ConversionSlot(self, self.key(*layout.s3_conversion_lease(name, key)))
+
     def take_lease(self, digests: list[str]) -> str:
         """Announce the blobs an in-flight push will reference; waits while a gc runs."""
         key = self.key(*layout.s3_lease(uuid.uuid4().hex))
@@ -297,6 +303,42 @@ class S3Store(Bucket):
                 raise Conflict("a gc is running in this store", hint="retry the push when it has finished")
             time.sleep(1)
         return key
+
+
+class ConversionSlot:
+    """A conversion lease as an object: created with If-None-Match: *, replaced with If-Match on its ETag."""
+
+    def __init__(self, store: S3Store, key: str) -> None:
+        self.store, self.key = store, key
+        self.where = store.url(key)
+
+    def create(self, data: bytes) -> str | None:
+        """Create-only PUT: the ETag, or None when a lease exists."""
+        try:
+            return self.store.put(self.key, data, if_none_match=True)
+        except PreconditionFailed:
+            return None
+
+    def read(self) -> tuple[bytes, str] | None:
+        """The lease's bytes and ETag."""
+        obj = self.store.get(self.key)
+        return (obj.data, obj.etag) if obj is not None else None
+
+    def replace(self, data: bytes, token: str) -> str | None:
+        """PUT If-Match: the new ETag, or None when the lease changed since it was read."""
+        try:
+            return self.store.put(self.key, data, if_match=token)
+        except PreconditionFailed:
+            return None
+        except NotFound:
+            return None
+
+    def delete(self, token: str) -> None:
+        """DELETE, when the lease still has `token` (a conditional DELETE is not offered by every server: the read
+        and the delete are two requests, and a takeover in between is the one it can remove)."""
+        now = self.read()
+        if now is not None and now[1] == token:
+            self.store.delete(self.key)
 
 
 #: The next step after finding a remote object that disagrees with the key it was read from.

@@ -8,6 +8,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def flipper(store_root: str, name: str, versions: list[int], flips: int, seed: int, out: str) -> None:
@@ -61,6 +62,25 @@ def publish_and_promote(cache: str, store_root: str, source: str, name: str) -> 
     out = convert(store, snap, name, [("hf", {})], copy=True)
     aliases.promote(store, name, out.version)
     print(out.version.number, round(time.monotonic() - t0, 4), flush=True)
+
+
+def convert_cli(out: str, markers: str, delay_s: str, *argv: str) -> None:
+    """One runner's `mreg ARGV…` (a convert --to hf): its hf converter leaves a marker named by its pid in `markers`
+    (what the race tests count), then sleeps `delay_s` (a slow conversion to race with, or to kill); the exit code,
+    stdout and stderr go to `out`."""
+    from converters.hf.converter import HFConverter
+    from support.cli import run
+
+    real = HFConverter.convert
+
+    def counted(self: HFConverter, request: Any) -> Any:
+        Path(markers, f"converting-{os.getpid()}").touch()
+        time.sleep(float(delay_s))
+        return real(self, request)
+
+    HFConverter.convert = counted  # type: ignore[method-assign]
+    r = run(*argv)
+    Path(out).write_text(json.dumps({"exit_code": r.exit_code, "stdout": r.stdout, "stderr": r.stderr}))
 
 
 if __name__ == "__main__":

@@ -355,8 +355,11 @@ def test_sync_is_idempotent_and_local_only_commands_refuse_s3(mreg: Any, model_d
     again = sync(S3Store(remote_url), "m", "production", node)
     assert first.changed and first.downloaded_blobs == 2 and not again.changed and again.downloaded_bytes == 0
     assert (node.root / "models/m/production/hf/config.json").read_text() == '{"i": 0}'
-    r = mreg("convert", model_dir, "--to", "hf", "--name", "m", "--store", remote_url)
+    r = mreg("mount-check", "m", "--store", remote_url)
     assert r.exit_code == 2 and "mreg push" in r.stderr
+    again_here = mreg("convert", model_dir, "--to", "hf", "--name", "m", "--store", remote_url, "--json")
+    assert again_here.exit_code == 0 and again_here.json["reused"] and again_here.json["version"] == 1, \
+        "a conversion into the S3 store finds the pushed version by its key"
     assert push(LocalStore(Path(os.environ["MREG_STORE"])), LocalStore(Path(os.environ["MREG_STORE"])).version(
         "m", 1), S3Store(remote_url)).reused
 
