@@ -22,6 +22,12 @@ if TYPE_CHECKING:  # boto3 loads with the S3 store only: `mreg --help` stays fas
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+if TYPE_CHECKING:  # click 8.5 made ParamType generic; older clicks cannot subscript it at run time
+    _IntParam = click.ParamType[int, Any]
+    _FloatParam = click.ParamType[float, Any]
+else:
+    _IntParam = _FloatParam = click.ParamType
+
 _WHOLE = re.compile(r"\A-?[0-9]{1,18}\Z")
 _DECIMAL = re.compile(r"\A[+-]?(?:[0-9]{1,18}(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?\Z")
 
@@ -34,7 +40,7 @@ def _refuse(param: click.Parameter | None, ctx: click.Context | None, what: str,
     raise UsageError(f"{flag} takes {what}, not {value!r}", hint=f"see `mreg {command} --help`")
 
 
-class WholeNumber(click.ParamType):
+class WholeNumber(_IntParam):
     """A whole number in ASCII digits (Python's int() also takes '١' and '²'), at least `low`."""
 
     name = "integer"
@@ -56,7 +62,7 @@ class WholeNumber(click.ParamType):
         return number
 
 
-class FiniteNumber(click.ParamType):
+class FiniteNumber(_FloatParam):
     """A finite decimal number in ASCII (no nan, inf or 1e400), within [low, high]; `open_low` excludes low."""
 
     name = "number"
