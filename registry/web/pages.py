@@ -20,7 +20,7 @@ import itertools
 import json
 import posixpath
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -85,19 +85,26 @@ class Site:
 
     def respond(self, path: str, query: Mapping[str, str]) -> Response:
         """The response for a site-relative path: the page, its JSON twin, a redirect, or an error page."""
+        html, json_twin = self.respond_both(path, query)
+        return json_twin if json_twin is not None and (path.endswith(".json") or query.get("format") == "json") \
+            else html
+
+    def respond_both(self, path: str, query: Mapping[str, str]) -> tuple[Response, Response | None]:
+        """A page and its JSON twin from one reading of the store (the twin is None for a redirect)."""
         found = next(((kind, m) for kind, pattern in ROUTES if (m := pattern.match(path)) is not None), None)
         if found is None:
-            return self._error(path, 404, NotFound(f"no page at /{path}", hint="start at the models page"))
+            err = NotFound(f"no page at /{path}", hint="start at the models page")
+            return self._error(path, 404, err), self._error(path, 404, err, as_json=True)
         kind, m = found
-        as_json = m["kind"] == "json" or query.get("format") == "json"
+        page = posixpath.join(posixpath.dirname(path), "index.html")
         try:
             if kind == "compare_form":
-                return self._compare_form(m["name"], query)
+                return self._compare_form(m["name"], query), None
             doc, template = self.document(kind, m.groupdict(), query)
         except documents.ItemError as e:
             status = 404 if isinstance(e, NotFound) else 400 if isinstance(e, UsageError) else 500
-            return self._error(path, status, e, as_json=as_json)
-        return self._json(doc) if as_json else self._html(template, path, doc)
+            return self._error(page, status, e), self._error(page, status, e, as_json=True)
+        return self._html(template, page, doc), self._json(doc)
 
     def document(self, kind: str, groups: Mapping[str, str | None], query: Mapping[str, str]
                  ) -> tuple[dict[str, Any], str]:
@@ -132,15 +139,20 @@ class Site:
         return Response(303, "text/plain; charset=utf-8", b"", {"Location": f"{int(a)}-{int(b)}/index.html"})
 
     def _json(self, doc: dict[str, Any], status: int = 200) -> Response:
-        body = json.dumps({"schema_version": SCHEMA_VERSION, **doc}, default=str, indent=1) + "\n"
+        body = json.dumps({"schema_version": SCHEMA_VERSION, **doc}, default=str) + "\n"
         return Response(status, "application/json", body.encode())
 
     def _html(self, template: str, path: str, doc: dict[str, Any], status: int = 200) -> Response:
         here = posixpath.dirname(path)
+        mine = here.split("/") if here else []
 
         def rel(target: str) -> str:
-            """A link from this page to another site-relative path."""
-            return posixpath.relpath(target, here or ".") if here else target
+            """A link from this page to another site-relative path (posixpath.relpath, without its getcwd)."""
+            parts = target.split("/")
+            common = 0
+            while common < min(len(mine), len(parts) - 1) and mine[common] == parts[common]:
+                common += 1
+            return "../" * (len(mine) - common) + "/".join(parts[common:])
 
         body = _ENV.get_template(template).render(
             doc=doc, rel=rel, page=page_path, live=self.live, css=CSS, meta_csp=META_CSP,
@@ -155,14 +167,13 @@ class Site:
         return self._html("error.html", path, {"error": problem, "status": status}, status)
 
 
-def render_all(site: Site, pages: list[str], write: Callable[[str, bytes], None]) -> int:
-    """Render every page and its JSON twin through `write(path, body)`; the number of files written."""
-    count = 0
+def rendered(site: Site, pages: list[str]) -> Iterator[tuple[str, bytes]]:
+    """Every page and its JSON twin, as (site-relative path, body), each page rendered as it is asked for."""
     for path in pages:
-        for leaf in (path, posixpath.join(posixpath.dirname(path), "index.json")):
-            write(leaf, site.respond(leaf, {}).body)
-            count += 1
-    return count
+        html, twin = site.respond_both(path, {})
+        yield path, html.body
+        if twin is not None:
+            yield posixpath.join(posixpath.dirname(path), "index.json"), twin.body
 
 
 def site_pages(reader: documents.Reader) -> list[str]:

@@ -44,12 +44,10 @@ def build(reader: documents.Reader, out: Path) -> SiteBuild:
         site = pages.Site(reader, live=False)
         paths = pages.site_pages(reader)
 
-        def write(rel: str, body: bytes) -> None:
-            dest = work / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(body)
-
-        files = pages.render_all(site, paths, write)
+        files = 0
+        for rel, body in pages.rendered(site, paths):
+            _write(work, rel, body)
+            files += 1
         (work / MARKER).write_text("a static site written by `mreg site build`; rebuilt as a whole\n")
         old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}" if out.exists() else None
         if old is not None:
@@ -61,3 +59,9 @@ def build(reader: documents.Reader, out: Path) -> SiteBuild:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return SiteBuild(out, len(paths), files, time.perf_counter() - started)
+
+
+def _write(root: Path, rel: str, body: bytes) -> None:
+    dest = root / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(body)

@@ -10,12 +10,16 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from manifests import HistoryEntry, Manifest
 from registry import layout
 from registry.store.local import LocalStore
 from registry.store.protocol import manifest_bytes
+from support.cli import ok, run
+from support.tiny_models import build_tiny_llama
 
 START = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -57,3 +61,52 @@ def promote(store: LocalStore, name: str, alias: str, before: int | None, to: in
         "by": created.model_copy(update={"at": at, "user": "release-bot"}).model_dump()})
     store.set_alias(name, alias, to)
     store.append_history(name, entry)
+
+
+PAYLOAD = "<img src=x onerror=alert(1)>"
+
+
+@dataclass
+class WebStore:
+    """The store, and the names and times the tests look for."""
+
+    root: Path
+    store: Path
+    history: list[dict[str, Any]]
+
+    def cli(self, *args: str) -> Any:
+        """`mreg ARGS --store STORE --json`, exit 0 asserted: its document."""
+        return ok(run(*args, "--store", str(self.store), "--json"))
+
+
+def small_store(root: Path) -> WebStore:
+    """Real conversions and promotions of `alpha` (one reason is an HTML payload; version 3 adds a file), copied
+    versions of `beta` and `gamma`, and `broken`, damaged three ways (see `damage`). The environment must point
+    MREG_STORE at ROOT/store and the cache, home and config into ROOT."""
+    store = root / "store"
+    for seed in range(3):
+        src = build_tiny_llama(root / f"src{seed}", seed=seed)
+        if seed == 2:
+            (src / "NOTICE.md").write_text("# Notice\n")
+        ok(run("convert", src, "--to", "hf", "--name", "alpha", "--json"))
+    ok(run("promote", "alpha@1", "-m", "first release", "--json"))
+    ok(run("promote", "alpha@2", "-m", PAYLOAD, "--json"))
+    ok(run("promote", "alpha@3", "--alias", "staging", "--json"))
+    history = ok(run("history", "alpha", "--json"))["entries"]
+    st = LocalStore(store)
+    base = layout.version_dir(store, "alpha", 1)
+    copy_versions(st, base, ["beta", "gamma"], 4)
+    copy_versions(st, base, ["broken"], 3)
+    damage(store)
+    return WebStore(root, store, history)
+
+
+def damage(store: Path) -> None:
+    """`broken`: version 2's manifest does not parse, `production` leads out of the store, the history is not text."""
+    manifest = layout.version_dir(store, "broken", 2) / layout.MANIFEST
+    os.chmod(manifest, 0o644)
+    manifest.write_text("{ not a manifest")
+    alias = layout.alias_path(store, "broken", "production")
+    alias.unlink()
+    alias.symlink_to("/etc")
+    (layout.model_dir(store, "broken") / layout.HISTORY).write_bytes(b"\xff\xfe\x00 torn\n")
