@@ -24,11 +24,13 @@ if TYPE_CHECKING:
 @click.option("--quiet", is_flag=True, help="No access log on stderr.")
 @config_option
 @store_option
-def ui_cmd(host: str, port: int, quiet: bool, config_path: str | None, store: str | None) -> None:
+@json_option
+def ui_cmd(host: str, port: int, quiet: bool, config_path: str | None, store: str | None, as_json: bool) -> None:
     """Serve a read-only web view of the store: models, versions, history, comparisons (GET only, no JavaScript).
 
     Every page has a JSON twin (`index.json`, or `?format=json`) holding the document `--json`
-    gives. Stop it with Ctrl-C.
+    gives. With --json, one document saying where it listens is printed once it does (with
+    --port 0, the port chosen). Stop it with Ctrl-C.
     """
     from registry.web.server import is_loopback, make_server
 
@@ -39,6 +41,8 @@ def ui_cmd(host: str, port: int, quiet: bool, config_path: str | None, store: st
         Output(False).warn(f"listening on {host}: anyone who can reach it can read the store's pages")
     sys.stderr.write(f"mreg ui: {server.url} (store {st.location}); Ctrl-C stops it\n")
     sys.stderr.flush()
+    if as_json:
+        Output(True).result({"url": server.url, "store": st.location}, "")
     try:
         server.serve_forever()
     finally:
@@ -51,7 +55,7 @@ def site_group() -> None:
 
 
 @site_group.command("build")
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
 @config_option
 @store_option
 @json_option

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +174,19 @@ def test_a_thousand_versions(tmp_path: Path, web_store: WebStore, capsys: pytest
     assert made.pages == 1 + 50 * (1 + 20 + 19)
     with capsys.disabled():
         print("\nweb view, 1,000 versions:", ", ".join(f"{p} {t * 1000:.0f} ms" for p, t in timings.items()))
+
+
+def test_mreg_ui_command(web_store: WebStore) -> None:
+    """`mreg ui --port 0 --json` in its own process: where it listens (loopback), then pages until stopped."""
+    proc = subprocess.Popen([sys.executable, "-c", "from registry.cli import run; run()", "ui", "--store",
+                             str(web_store.store), "--port", "0", "--json", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        doc = json.loads(proc.stdout.readline())
+        assert doc["url"].startswith("http://127.0.0.1:") and doc["store"] == str(web_store.store)
+        with urllib.request.urlopen(doc["url"] + "models/alpha/index.json", timeout=30) as r:
+            assert json.loads(r.read())["aliases"] == {"production": 2, "staging": 3}
+    finally:
+        proc.terminate()
+        proc.wait(10)
