@@ -125,8 +125,8 @@ class UIServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         """Where the pages are."""
-        host, port = self.server_address[:2]
-        shown = f"[{host}]" if ":" in str(host) else str(host)
+        host, port = str(self.server_address[0]), int(self.server_address[1])
+        shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{port}/"
 
 
