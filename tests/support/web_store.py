@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from manifests import HistoryEntry, Manifest
+from manifests import CheckRecord, HistoryEntry, Manifest
 from registry import layout
 from registry.store.local import LocalStore
 from registry.store.protocol import manifest_bytes
 from support.cli import ok, run
+from support.pki import write_key
 from support.tiny_models import build_tiny_llama
 
 START = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -92,6 +93,10 @@ def small_store(root: Path) -> WebStore:
     ok(run("promote", "alpha@1", "-m", "first release", "--json"))
     ok(run("promote", "alpha@2", "-m", PAYLOAD, "--json"))
     ok(run("promote", "alpha@3", "--alias", "staging", "--json"))
+    keys, _ = write_key(root / "keys", "release")
+    ok(run("sign", "alpha@2", "--key", keys.private, "--signer", "release-bot", "--json"))
+    record_check(LocalStore(store), "alpha", 2, passed=True)
+    record_check(LocalStore(store), "alpha", 3, passed=False)
     history = ok(run("history", "alpha", "--json"))["entries"]
     st = LocalStore(store)
     base = layout.version_dir(store, "alpha", 1)
@@ -99,6 +104,21 @@ def small_store(root: Path) -> WebStore:
     copy_versions(st, base, ["broken"], 3)
     damage(store)
     return WebStore(root, store, history)
+
+
+def record_check(store: LocalStore, name: str, number: int, *, passed: bool) -> None:
+    """A golden-check record as `mreg check` keeps it (one case, llama.cpp on a CPU)."""
+    v = store.version(name, number)
+    record = CheckRecord.model_validate({
+        "name": name, "version": number, "manifest_sha256": v.manifest_sha256, "golden": "smoke",
+        "golden_sha256": "ab" * 32, "format": "hf", "runtime": "transformers", "runtime_version": "5.0",
+        "hardware": "cpu", "passed": passed, "keyword_hit_rate": 1.0 if passed else 0.5, "min_keyword_hit_rate": 0.8,
+        "latency_p50_ms": 12.0, "latency_p95_ms": 15.0, "at": v.manifest.created.at, "by": v.manifest.created,
+        "cases": [{"id": "hello", "passed": passed, "prompt_tokens": 3, "latency_ms": 12.0}]})
+    d = layout.checks_dir(store.root, name, number)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / layout.check_record_name("20260101T000000000000Z", "smoke", record.golden_sha256)).write_text(
+        record.model_dump_json())
 
 
 def damage(store: Path) -> None:

@@ -78,6 +78,8 @@ def test_browse_the_live_view(browser: Any, shots: Path, live: UIServer, web_sto
     assert browser.title == "alpha · mreg"
     versions = {r.get_attribute("data-version"): r.text for r in all_by(browser, "#versions tr[data-version]")}
     assert list(versions) == ["1", "2", "3"] and "production" in versions["2"] and "passed" in versions["2"]
+    assert "smoke hf: passed" in versions["2"] and "smoke hf: failed" in versions["3"]
+    assert "untrusted release-bot" in versions["2"]  # signed, but no trust policy names the key
     reasons = [td.text for td in all_by(browser, "#history td.reason")]
     assert PAYLOAD in reasons and all_by(browser, "img") == [] and all_by(browser, "svg.timeline circle")
     snap(browser, shots, "model")
@@ -104,8 +106,9 @@ def test_browse_the_live_view(browser: Any, shots: Path, live: UIServer, web_sto
     by(browser, "#memory-form").submit()
     assert "memory=0.5" in browser.current_url and by(browser, "#serving")
 
-    browser.back()
-    browser.back()
+    browser.get(live.url + "models/alpha/versions/2/")
+    assert "release-bot" in by(browser, "#signatures").text and "smoke" in by(browser, "#checks").text
+    browser.get(live.url + "models/alpha/")
     by(browser, "#compare-form").submit()  # the form's defaults: the two newest versions
     assert browser.current_url.endswith("/models/alpha/compare/2-3/index.html")
     assert "1 added" in by(browser, "#file-counts").text

@@ -190,3 +190,21 @@ def test_mreg_ui_command(web_store: WebStore) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_pictures_escape_what_they_draw() -> None:
+    """The SVG timeline and the gguf:auto trade-off: every store string escaped, no script, no style attribute."""
+    from registry.web import svg
+
+    by = {"user": "<script>x</script>", "host": "h", "at": "2026-01-02T00:00:00+00:00"}
+    line = str(svg.timeline([{"alias": "production", "action": "promote", "from": None, "to": 1, "reason": PAYLOAD,
+                              "by": by}, {"alias": "production", "action": "rollback", "from": 1, "to": 2,
+                                          "reason": None, "by": {**by, "at": "2026-01-03T00:00:00+00:00"}}]))
+    chart = str(svg.tradeoff({"chosen": "Q4_K_M", "budget": {"kl_divergence": 0.1}, "candidates": [
+        {"type": "Q4_K_M", "tensor_bytes": 10, "file_bytes": 12, "meets": True, "metrics": {"kl_divergence": 0.05}},
+        {"type": "<b>Q2_K</b>", "tensor_bytes": 5, "meets": False, "metrics": {"kl_divergence": 0.3}}]}))
+    for picture in (line, chart):
+        assert picture.startswith("<svg") and "<script" not in picture and "<img" not in picture
+        assert "style=" not in picture and "<b>" not in picture
+    assert "&lt;img src=x onerror=alert(1)&gt;" in line and line.count("<circle") == 2
+    assert "&lt;b&gt;Q2_K&lt;/b&gt;" in chart and 'stroke-width="2"' in chart  # the chosen one ringed
