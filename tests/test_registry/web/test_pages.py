@@ -208,3 +208,26 @@ def test_pictures_escape_what_they_draw() -> None:
         assert "style=" not in picture and "<b>" not in picture
     assert "&lt;img src=x onerror=alert(1)&gt;" in line and line.count("<circle") == 2
     assert "&lt;b&gt;Q2_K&lt;/b&gt;" in chart and 'stroke-width="2"' in chart  # the chosen one ringed
+
+
+def test_an_s3_store(web_store: WebStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same pages from an S3 store (SeaweedFS on loopback): aliases, history, versions, a comparison."""
+    from support.s3_server import running
+
+    with running(tmp_path / "seaweed", "mreg-web") as server:
+        for k, v in server.env.items():
+            monkeypatch.setenv(k, v)
+        remote = "s3://mreg-web/store"
+        for n in (1, 2):
+            ok(run("push", f"alpha@{n}", remote, "--store", web_store.store, "--json"))
+        ok(run("promote", "alpha@1", "--store", remote, "-m", PAYLOAD, "--json"))
+        ok(run("promote", "alpha@2", "--store", remote, "--json"))
+        site = pages.Site(documents.Reader(api.open_store(remote), lambda n: api.trust_policy(api.settings(), n)),
+                          live=True)
+        models = json.loads(site.respond("index.json", {}).body)["models"]
+        assert [(m["name"], m["versions"], m["aliases"]) for m in models] == [("alpha", 2, {"production": 2})]
+        model = site.respond("models/alpha/index.html", {})
+        assert model.status == 200 and b"&lt;img src=x onerror=alert(1)&gt;" in model.body
+        assert site.respond("models/alpha/versions/2/index.html", {}).status == 200
+        compare = json.loads(site.respond("models/alpha/compare/1-2/index.json", {}).body)
+        assert "hf/model.safetensors" in {f["path"] for f in compare["files"]["changed"]}
