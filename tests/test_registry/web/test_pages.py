@@ -86,6 +86,8 @@ def test_as_of_matches_history_at(web_store: WebStore, live: UIServer) -> None:
     assert "staging" not in cli["aliases"]
     before = web_store.cli("history", "alpha", "--at", "2000-01-01")
     assert before["aliases"] == {}
+    status, _, body = get(live, "/models/alpha/?at=nonsense")
+    assert status == 400 and b"not a time" in body
     r = run("history", "alpha", "--at", "yesterday", "--store", str(web_store.store), "--json")
     assert r.exit_code == 2 and "not a time" in r.json["error"]["message"]
 
