@@ -45,6 +45,8 @@ def ui_cmd(host: str, port: int, quiet: bool, config_path: str | None, store: st
         Output(True).result({"url": server.url, "store": st.location}, "")
     try:
         server.serve_forever()
+    except KeyboardInterrupt:  # Ctrl-C is how it is meant to stop: not an interrupted command
+        sys.stderr.write("mreg ui: stopped\n")
     finally:
         server.server_close()
 
