@@ -15,20 +15,21 @@ code. The CLI is this module plus parsing and rendering::
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from registry import config
-from registry.errors import IntegrityError, NotFound, UsageError
+from registry.errors import IntegrityError, ModelNotFound, NotFound, UsageError
 from registry.progress import Progress
 from registry.refs import Ref, check_alias, check_name, is_name, parse_ref
 
 if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     import threading
 
-    from manifests import CheckRecord, SignatureRecord
+    from manifests import CheckRecord, HistoryEntry, SignatureRecord
     from registry.cache import Snapshot
     from registry.convert.execute import ConversionOutcome
     from registry.convert.once import Waiting
@@ -247,6 +248,19 @@ def promote(store: Store, ref: str, *, alias: str = "production", expect: int | 
                          ready_cmd=ready_cmd, ready_timeout_s=ready_timeout_s)
     return hooks.promote_with_hooks(store, r.name, store.resolve(r), merged, alias=alias, expect=expect,
                                     reason=reason, force=force, require=(*configured, *require), trust=trust)
+
+
+def aliases_at(store: Store, name: str, at: str | dt.datetime) -> dict[str, HistoryEntry]:
+    """Which version every alias of `name` pointed to at time `at` (ISO 8601 text or a datetime; naive is UTC),
+    as the history entry that set it; an alias made later is absent."""
+    from registry.release.aliases import aliases_at as replay
+    from registry.release.aliases import parse_time
+
+    check_name(name)
+    when = parse_time(at) if isinstance(at, str) else at if at.tzinfo else at.replace(tzinfo=dt.timezone.utc)
+    if not store.has_model(name):
+        raise ModelNotFound(name)
+    return replay(store.history(name), when)
 
 
 def rollback(store: Store, name: str, *, alias: str = "production", to: int | None = None,

@@ -12,48 +12,26 @@ import click
 from registry import api
 from registry.cli.options import config_option, json_option, local_store, settings_for, store_option
 from registry.cli.render import Output
-from registry.errors import UsageError
 
 if TYPE_CHECKING:
-    from manifests import SignatureRecord
     from registry.store.protocol import Store, Version
-    from registry.store.signatures import SignatureResult
     from registry.store.trust import TrustPolicy
 
-_MARK = {"valid": "✓", "invalid": "✗", "untrusted": "?"}
+_MARK = {"valid": "✓", "invalid": "✗", "untrusted": "?", "unchecked": "-"}
 
 
-def record_doc(rec: SignatureRecord) -> dict[str, Any]:
-    """A signature record without its bundle (what `show` and `sign` report)."""
-    return {"signer": rec.signer, "method": rec.method, "key_id": rec.key_id, "at": rec.at.isoformat(),
-            "origin": rec.origin, "manifest_sha256": rec.manifest_sha256,
-            "by": f"{rec.by.user}@{rec.by.host}"}
-
-
-def result_doc(res: SignatureResult) -> dict[str, Any]:
-    """A verdict on one signature."""
-    return {**record_doc(res.record), "status": res.status, "reason": res.reason, "trusted_by": res.trusted_by}
-
-
-def result_line(res: SignatureResult) -> str:
-    """One line per verdict: mark, signer, key id, time, status and why."""
-    r = res.record
-    return (f"{_MARK[res.status]} {r.signer} ({r.method} {r.key_id[:12]}…, {r.at.isoformat()[:19]}): "
-            f"{res.status}, {res.reason}")
+def result_line(doc: dict[str, Any]) -> str:
+    """One line per verdict (a `result_doc`): mark, signer, key id, time, status and why."""
+    return (f"{_MARK[doc['status']]} {doc['signer']} ({doc['method']} {doc['key_id'][:12]}…, {doc['at'][:19]}): "
+            f"{doc['status']}, {doc['reason']}")
 
 
 def shown_signatures(store: Store, version: Version, trust: TrustPolicy) -> tuple[list[dict[str, Any]], list[str]]:
-    """What `show` lists: each signature judged against the manifest (the bytes are `verify`'s job); where
-    model-signing is not installed (a serving node with the core only), the records, unchecked."""
-    try:
-        judged = api.verify_signatures(store, version, trust, rehash=False)
-    except UsageError as e:
-        records = store.signatures(version.name, version.number)
-        why = f"{e}; {e.hint}" if e.hint else str(e)
-        return ([{**record_doc(r), "status": "unchecked", "reason": why, "trusted_by": None} for r in records],
-                [f"- {r.signer} ({r.method} {r.key_id[:12]}…, {r.at.isoformat()[:19]}): unchecked, {why}"
-                 for r in records])
-    return [result_doc(r) for r in judged], [result_line(r) for r in judged]
+    """What `show` lists (`registry.store.signatures.shown`), as documents and as lines."""
+    from registry.store.signatures import shown
+
+    docs = shown(store, version, trust)
+    return docs, [result_line(d) for d in docs]
 
 
 @click.command("sign")
@@ -84,6 +62,8 @@ def sign_cmd(ref: str, key: Path | None, certificate: Path | None, chain: tuple[
     st = local_store(settings_for(config_path, store=store))
     rec = api.sign(st, ref, key=key, certificate=certificate, chain=chain, password=password, signer=signer,
                    import_bundle=import_bundle)
+    from registry.store.signatures import record_doc
+
     doc = {"name": rec.name, "version": rec.version, **record_doc(rec)}
     verb = "imported a signature of" if rec.origin == "import" else "signed"
     Output(as_json).result(doc, f"✓ {verb} {rec.name}@{rec.version} as {rec.signer} "

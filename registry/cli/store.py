@@ -19,10 +19,11 @@ from registry.cli.options import (
     store_option,
 )
 from registry.cli.render import Output, table
-from registry.cli.sign import result_doc, result_line, shown_signatures
+from registry.cli.sign import result_line, shown_signatures
 from registry.errors import IntegrityError, ModelNotFound, NotFound, UsageError
 from registry.refs import check_name, parse_ref
 from registry.units import human_size
+from registry.web.documents import aliases_at_doc
 
 if TYPE_CHECKING:
     from manifests import Artifact
@@ -134,7 +135,8 @@ def show_cmd(ref: str, memory_gib: float | None, context: int | None, cache_type
     artifact, KV-cache bytes per token), how many sequences of --context tokens fit beside the
     weights in memory × utilization − reserve, and the engine settings for that.
     """
-    from registry.cli.memory import memory_doc, memory_lines
+    from registry.cli.memory import memory_lines
+    from registry.serving.memory import memory_doc
     from registry.store.protocol import manifest_json
 
     settings = settings_for(config_path, store=store)
@@ -231,15 +233,30 @@ def _quality(metrics: dict[str, float], budget: dict[str, float]) -> str:
 @click.command("history")
 @click.argument("name")
 @click.option("--alias", default=None, help="Only this alias.")
+@click.option("--at", "at", default=None, metavar="TIME",
+              help="Instead: which version every alias pointed to at this time (ISO 8601, e.g. 2026-12-03T17:00Z; "
+                   "UTC when no offset is given), and since when.")
 @config_option
 @store_option
 @json_option
-def history_cmd(name: str, alias: str | None, config_path: str | None, store: str | None, as_json: bool) -> None:
-    """Show every alias change of a model: who, when, from, to, why."""
+def history_cmd(name: str, alias: str | None, at: str | None, config_path: str | None, store: str | None,
+                as_json: bool) -> None:
+    """Show every alias change of a model: who, when, from, to, why (with --at: the aliases as they were then)."""
     check_name(name)
     st = any_store(settings_for(config_path, store=store))
     if not st.has_model(name):
         raise ModelNotFound(name)  # as `show` says: a model that is not there has no history either
+    if at is not None:
+        from registry.release.aliases import parse_time
+
+        when = parse_time(at)
+        state = {a: e for a, e in api.aliases_at(st, name, when).items() if alias is None or a == alias}
+        doc = aliases_at_doc(name, when, state)
+        Output(as_json).result(doc, lambda: table(
+            [[a, str(e["version"]), e["since"][:19], e["action"], e["by"], e["reason"] or ""]
+             for a, e in doc["aliases"].items()],
+            ["ALIAS", "VERSION", "SINCE", "ACTION", "BY", "WHY"]) if state else f"(no alias existed at {at})")
+        return
     entries = [e for e in st.history(name) if alias is None or e.alias == alias]
     docs = [e.model_dump(mode="json", by_alias=True) for e in entries]
     Output(as_json).result({"name": name, "entries": docs}, lambda: table(
@@ -283,6 +300,8 @@ def verify_cmd(refs: tuple[str, ...], all_: bool, signatures: bool, config_path:
     With --signatures, each signature is also judged against the trust policy (`[trust]`, or
     `[models.NAME.trust]`): exit 4 as well when a signature is invalid or a version has no valid one.
     """
+    from registry.store.signatures import result_doc
+
     settings = settings_for(config_path, store=store)
     st = any_store(settings)
     reports = api.verify(st, refs, all_versions=all_, progress=progress_for(as_json))
@@ -313,7 +332,7 @@ def verify_cmd(refs: tuple[str, ...], all_: bool, signatures: bool, config_path:
                          if r.ok else f"✗ {r.name}@{r.version}:\n" + "\n".join(f"    {p}" for p in r.problems))
             if signatures and r.ok:
                 res = judged[(r.name, r.version)]
-                lines += [f"    {result_line(x)}" for x in res] or ["    ✗ no signatures"]
+                lines += [f"    {result_line(result_doc(x))}" for x in res] or ["    ✗ no signatures"]
         return _with("\n".join(lines), strays)
 
     Output(as_json).result({"ok": not bad and not unsigned and not strays, "versions": docs,

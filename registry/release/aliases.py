@@ -6,6 +6,7 @@ never nothing); the lock only serializes the read-modify-write of alias and hist
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,6 +77,29 @@ def rollback_stack(history: Sequence[HistoryEntry], alias: str) -> list[int]:
         elif not stack or stack[-1] != e.to_version:
             stack.append(e.to_version)
     return stack
+
+
+def parse_time(text: str) -> dt.datetime:
+    """An ISO 8601 time (`2026-12-03T17:00`, `2026-12-03`, with an offset or `Z`); without an offset it is UTC."""
+    try:
+        at = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"{text!r} is not a time", hint="give an ISO 8601 time, e.g. 2026-12-03T17:00:00Z") from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=dt.timezone.utc)
+
+
+def aliases_at(history: Sequence[HistoryEntry], at: dt.datetime) -> dict[str, HistoryEntry]:
+    """Which version every alias pointed to at `at`: each alias's last history entry made at or before it (pure).
+
+    An alias with no entry by then did not exist yet. Entries are taken in the order of their time stamps (a
+    log merged from several machines may hold them out of order), ties in the log's own order.
+    """
+    state: dict[str, HistoryEntry] = {}
+    for e in sorted(history, key=lambda e: e.by.at):
+        if e.by.at > at:
+            break
+        state[e.alias] = e
+    return dict(sorted(state.items()))
 
 
 def rollback(

@@ -14,7 +14,9 @@ budget gives llama.cpp's `-c` (per-sequence context × slots) and `-np`.
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass, field
+from typing import Any
 
 from manifests import Artifact, KVCache, Manifest
 from registry.errors import NotFound, UsageError
@@ -155,3 +157,39 @@ def plan(manifest: Manifest, memory_gib: float, *, context: int | None = None, c
     fits = tuple(_fit(a, kv, int(memory * utilization) - a.weights_bytes - reserve, used, model_context, cache_type,
                       utilization) for a in artifacts if a.weights_bytes is not None)
     return MemoryPlan(memory, utilization, reserve, cache_type, used, source, model_context, kv, fits, tuple(notes))
+
+
+ENGINE_COMMANDS = {"vllm": "vllm serve {path}", "llama.cpp": "llama-server -m {path}"}
+
+
+def _main_file(manifest: Manifest, fmt: str) -> str:
+    """The artifact's .gguf file for llama.cpp, its directory otherwise (what the engine is pointed at)."""
+    art = next(a for a in manifest.artifacts if a.format == fmt)
+    gguf = next((f.path for f in art.files if f.path.endswith(".gguf")), None)
+    return f"{art.path}/{gguf}" if gguf else art.path
+
+
+def memory_doc(plan: MemoryPlan, version_path: str, manifest: Manifest) -> dict[str, Any]:
+    """The plan as `mreg show --memory --json` gives it."""
+    return {
+        "memory_bytes": plan.memory_bytes, "utilization": plan.utilization, "reserve_bytes": plan.reserve_bytes,
+        "cache_type": plan.cache_type, "context": plan.context, "context_from": plan.context_from,
+        "model_context": plan.model_context,
+        "kv_bytes_per_token": plan.kv.bytes_per_token.get(plan.cache_type, 0),
+        "kv_window_bytes_per_token": plan.kv.window_bytes_per_token.get(plan.cache_type, 0),
+        "sliding_window": plan.kv.sliding_window,
+        "artifacts": [{
+            "format": f.format, "weights_bytes": f.weights_bytes, "cache_bytes": f.cache_bytes,
+            "sequence_bytes": f.sequence_bytes, "sequences": f.sequences, "max_context": f.max_context,
+            "max_context_fit": f.max_context_fit,
+            "engines": {e: {"args": args, "command": engine_command(e, version_path, manifest, f.format, args)}
+                        for e, args in f.engines.items()},
+            "notes": list(f.notes)} for f in plan.fits],
+        "notes": list(plan.notes),
+    }
+
+
+def engine_command(engine: str, version_path: str, manifest: Manifest, fmt: str, args: list[str]) -> str:
+    """The engine's command line serving this artifact of the version with these settings."""
+    path = f"{version_path}/{_main_file(manifest, fmt)}"
+    return " ".join([ENGINE_COMMANDS[engine].format(path=shlex.quote(path)), *map(shlex.quote, args)])

@@ -30,7 +30,7 @@ from registry import atomic, layout, provenance
 from registry.errors import IntegrityError, UsageError
 from registry.inputs import check_input, read_input
 from registry.store.local import LocalStore
-from registry.store.protocol import Version
+from registry.store.protocol import Store, Version
 from registry.store.trust import TrustPolicy
 
 Status = Literal["valid", "invalid", "untrusted"]
@@ -344,3 +344,26 @@ def signature_problems(results: Iterable[SignatureResult], version: Version, pol
     found = "; ".join(f"{r.record.signer} (key {r.record.key_id[:12]}…): {r.status}, {r.reason}" for r in results)
     return [f"signature: no signature of {what} verifies against {policy.describe()}: {found}"]
 
+
+
+def record_doc(rec: SignatureRecord) -> dict[str, Any]:
+    """A signature record without its bundle (what `show`, `sign` and the web view report)."""
+    return {"signer": rec.signer, "method": rec.method, "key_id": rec.key_id, "at": rec.at.isoformat(),
+            "origin": rec.origin, "manifest_sha256": rec.manifest_sha256,
+            "by": f"{rec.by.user}@{rec.by.host}"}
+
+
+def result_doc(res: SignatureResult) -> dict[str, Any]:
+    """A verdict on one signature, as a document."""
+    return {**record_doc(res.record), "status": res.status, "reason": res.reason, "trusted_by": res.trusted_by}
+
+
+def shown(store: Store, version: Version, policy: TrustPolicy) -> list[dict[str, Any]]:
+    """What `show` lists: each signature judged against the manifest (the bytes are `verify`'s job); where
+    model-signing is not installed (a serving node with the core only), the records, `unchecked`."""
+    records = store.signatures(version.name, version.number)
+    try:
+        return [result_doc(judge(r, version, policy)) for r in records]
+    except UsageError as e:
+        why = f"{e}; {e.hint}" if e.hint else str(e)
+        return [{**record_doc(r), "status": "unchecked", "reason": why, "trusted_by": None} for r in records]
