@@ -19,6 +19,8 @@ from support.cli import CliResult, run
 from support.hostile import file_modes_enforced
 from support.world import World, untouchable, visible
 
+from registry.errors import RETRYABLE
+
 Setup = Callable[[World], Sequence[str | Path]]
 
 
@@ -54,6 +56,8 @@ def refusal(r: CliResult, case: Case) -> None:
     assert doc["schema_version"] == 1 and error["exit_code"] == case.code, r.stdout
     assert error["message"] == errors[0].removeprefix("error: ") and error["hint"] == hints[0].removeprefix("hint: ")
     assert error["hint"].strip() and len(error["message"]) < 500, error
+    # Whether a job engine should run it again: a bool, the same split as the emitted podFailurePolicy.
+    assert error["retryable"] is (case.code in RETRYABLE), error
     if case.error is not None:
         assert error["type"] == case.error, error
     for word in case.says:
