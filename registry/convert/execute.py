@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from manifests import Artifact, ConverterInfo, Manifest, SourceInfo
-from registry import atomic, layout, provenance
+from registry import atomic, layout, machine, provenance
 from registry.cache import Snapshot
 from registry.convert.modelinfo import read_model_info
 from registry.convert.plan import Planned, conversion_key, groups, with_prerequisites
@@ -141,6 +141,7 @@ def _run_group(staging: Staging, snapshot: Snapshot, name: str, group: list[Plan
             requirements=result.requirements,
             verification=result.verification,
             weights_bytes=result.weights_bytes,
+            built_on=machine.here(),
         ))
     return made
 
