@@ -22,7 +22,8 @@ from registry import __version__
 #: the full list is a hundred names that say nothing about a conversion.
 KERNEL_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512", "avx_vnni", "amx", "asimd", "sve", "fphp")
 #: Distributions whose version says which TensorRT a machine had (the engines' own record names the one used).
-TENSORRT_DISTS = ("tensorrt", "tensorrt_cu13", "tensorrt_cu12", "tensorrt_rtx", "tensorrt_rtx_cu13", "tensorrt_rtx_cu12")
+TENSORRT_DISTS = ("tensorrt", "tensorrt_cu13", "tensorrt_cu12",
+                  "tensorrt_rtx", "tensorrt_rtx_cu13", "tensorrt_rtx_cu12")
 #: nvidia-smi answers in well under a second where a driver is loaded; a hung driver must not hang a conversion.
 NVIDIA_SMI_TIMEOUT_S = 10.0
 

@@ -15,11 +15,10 @@ from typing import Any
 
 import pytest
 
+from registry.errors import RETRYABLE
 from support.cli import CliResult, run
 from support.hostile import file_modes_enforced
 from support.world import World, untouchable, visible
-
-from registry.errors import RETRYABLE
 
 Setup = Callable[[World], Sequence[str | Path]]
 
