@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.cache import Snapshot
     from registry.convert.execute import ConversionOutcome
     from registry.convert.protocol import Target
+    from registry.fanout.matrix import Matrix
+    from registry.fanout.plan import PlannedItem
     from registry.oci.transfer import OciPushOutcome, OciSyncOutcome
     from registry.release.aliases import AliasChange
     from registry.release.hooks import HookedPromotion
@@ -170,6 +172,21 @@ def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore,
         snap = pull(source, cache=cache, include=include, exclude=exclude, allow_pickle=allow_pickle,
                     offline=offline, endpoint=endpoint, progress=progress, insecure=insecure, copy=copy)
     return run(store, snap, name, parsed, copy=copy, progress=progress, parent=parent)
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """A conversion matrix file, validated and expanded into numbered items (see registry.fanout.matrix)."""
+    from registry.fanout.matrix import load
+
+    return load(Path(path))
+
+
+def plan_matrix(matrix: Matrix, *, store: Store, cache: str | Path, offline: bool = False,
+                endpoint: str | None = None) -> list[PlannedItem]:
+    """Every item of a matrix with its conversion key and the store's version for it (no weights downloaded)."""
+    from registry.fanout.plan import plan
+
+    return plan(matrix, store, Path(cache), offline=offline, endpoint=endpoint)
 
 
 def _refuse_early(source: str, targets: Sequence[Target], *, cache: str | Path, offline: bool,
