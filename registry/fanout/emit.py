@@ -95,7 +95,7 @@ def kubernetes(items: Sequence[PlannedItem], matrix_text: str, matrix_name: str,
                                "volumes": [{"name": "matrix", "configMap": {"name": config}},
                                            {"name": "cache", "emptyDir": {}}]}
         if need.kind == "gpu":
-            container["resources"] = {"limits": {GPU_RESOURCE: 1}}
+            container["resources"] = {"limits": {GPU_RESOURCE: "1"}}
             pod["nodeSelector"] = _node_selector(need)
         objects.append({
             "apiVersion": "batch/v1", "kind": "Job",
@@ -142,6 +142,7 @@ def argo(items: Sequence[PlannedItem], matrix_text: str, matrix_name: str, image
         steps += [{"name": f"item-{p.item.index}", "template": name,
                    "arguments": {"parameters": [{"name": "item", "value": str(p.item.index)},
                                                 {"name": "key", "value": _memo_key(p)}]}} for p in group]
+    steps.sort(key=lambda step: int(step["name"].removeprefix("item-")))
     main: dict[str, Any] = {"name": "matrix", "steps": [steps] if steps else []}
     return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
             "metadata": {"generateName": f"{_dns(f'mreg-{matrix_name}')[:40].rstrip('-')}-",
