@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 
-from support.matrix_driver import MREG, run_matrix  # noqa: E402
-from support.tiny_models import build_tiny_llama  # noqa: E402
+from support.matrix_driver import MREG, run_matrix
+from support.tiny_models import build_tiny_llama
 
 
 def main() -> None:
