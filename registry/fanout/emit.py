@@ -76,7 +76,8 @@ def gitlab(items: Sequence[PlannedItem], matrix_path: str) -> dict[str, Any]:
 def kubernetes(items: Sequence[PlannedItem], matrix_text: str, matrix_name: str, image: str) -> dict[str, Any]:
     """A `List`: the matrix as a ConfigMap, and one Indexed Job per kind of machine (CPU, each GPU)."""
     digest = _digest(matrix_text)
-    base = _dns(f"mreg-{matrix_name}")[:40].rstrip("-")
+    # A Job's name is also its pods' `job-name` label: at most 63 characters (30 + the class's 12 + the digest's 10).
+    base = _dns(f"mreg-{matrix_name}")[:30].rstrip("-")
     config = f"{base}-{digest}"
     objects: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "ConfigMap",
                                       "metadata": {"name": config, "labels": _labels(digest)},

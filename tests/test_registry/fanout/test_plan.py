@@ -4,6 +4,7 @@ matrix run item by item in separate processes against one store, twice (the seco
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,9 @@ def test_kubernetes_jobs_load_as_v1job(isolated: Path, sources: list[Path]) -> N
         def __init__(self, doc: dict[str, Any]) -> None:
             self.data = json.dumps(doc)
 
-    out = run("plan", _gpu_matrix(isolated, sources), "--emit", "k8s-job", "--image", "example/mreg:1")
+    long_name = isolated / ("Conversions_for_" + "x" * 70 + ".toml")  # Job names must stay DNS labels
+    long_name.write_text(_gpu_matrix(isolated, sources).read_text())
+    out = run("plan", long_name, "--emit", "k8s-job", "--image", "example/mreg:1")
     assert out.exit_code == 0, out.stderr
     doc = json.loads(out.stdout)
     client = ApiClient()
@@ -114,6 +117,7 @@ def test_kubernetes_jobs_load_as_v1job(isolated: Path, sources: list[Path]) -> N
     jobs = []
     for raw in _job_dicts(doc):
         job = client.deserialize(Response(raw), "V1Job")
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", job.metadata.name), job.metadata.name
         # Every field was one the model knows (an unknown one would be dropped and the round trip would differ).
         assert client.sanitize_for_serialization(job) == raw
         jobs.append(job)
