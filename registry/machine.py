@@ -56,7 +56,8 @@ def _cpu() -> tuple[str | None, tuple[str, ...]]:
             text = f.read(1 << 20)
     except OSError:
         return platform.processor() or None, ()
-    model, flags = None, set()
+    model: str | None = None
+    flags: set[str] = set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()

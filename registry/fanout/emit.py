@@ -120,7 +120,7 @@ def kubernetes(items: Sequence[PlannedItem], matrix_text: str, matrix_name: str,
 def argo(items: Sequence[PlannedItem], matrix_text: str, matrix_name: str, image: str) -> dict[str, Any]:
     """A Workflow: one step per item, all in parallel, memoized by its conversion key, retried on retryable codes."""
     templates: list[dict[str, Any]] = []
-    steps = []
+    steps: list[tuple[int, dict[str, Any]]] = []
     for need, group in _by_need(items):
         name = f"convert-{_dns(need.label)[:40].rstrip('-')}"
         template: dict[str, Any] = {
@@ -140,11 +140,12 @@ def argo(items: Sequence[PlannedItem], matrix_text: str, matrix_name: str, image
             template["container"]["resources"] = {"limits": {GPU_RESOURCE: "1"}}
             template["nodeSelector"] = _node_selector(need)
         templates.append(template)
-        steps += [{"name": f"item-{p.item.index}", "template": name,
-                   "arguments": {"parameters": [{"name": "item", "value": str(p.item.index)},
-                                                {"name": "key", "value": _memo_key(p)}]}} for p in group]
-    steps.sort(key=lambda step: int(step["name"].removeprefix("item-")))
-    main: dict[str, Any] = {"name": "matrix", "steps": [steps] if steps else []}
+        steps += [(p.item.index, {"name": f"item-{p.item.index}", "template": name,
+                                  "arguments": {"parameters": [{"name": "item", "value": str(p.item.index)},
+                                                               {"name": "key", "value": _memo_key(p)}]}})
+                  for p in group]
+    ordered = [step for _, step in sorted(steps, key=lambda s: s[0])]  # in the matrix's order, whatever the machine
+    main: dict[str, Any] = {"name": "matrix", "steps": [ordered] if ordered else []}
     return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
             "metadata": {"generateName": f"{_dns(f'mreg-{matrix_name}')[:40].rstrip('-')}-",
                          "labels": _labels(_digest(matrix_text))},
