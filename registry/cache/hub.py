@@ -98,14 +98,14 @@ def describe_hub(cache: Path, repo: str, revision: str | None = None, *, endpoin
     check_repo_id(repo)
     wanted = revision or "main"
     if offline:
-        return pull_hub(cache, repo, wanted, offline=True).record.source
+        return _whole(pull_hub(cache, repo, wanted, offline=True), NotFound)
     if is_commit(wanted):
         hit = load_record(cache, repo, wanted)
         if hit is not None and _covers(hit, (), (), False):
             return hit.record.source
     listed = _listing(cache, repo, wanted, endpoint)
     if isinstance(listed, Snapshot):  # unreachable hub, cached snapshot: what a pull would convert
-        return listed.record.source
+        return _whole(listed, HubUnavailable)
     commit, remote = listed
     hit = load_record(cache, repo, commit)
     if hit is not None and _covers(hit, (), (), False):
@@ -120,6 +120,15 @@ def describe_hub(cache: Path, repo: str, revision: str | None = None, *, endpoin
                   SourceFile(path=f.path, size=f.size, sha256=f.lfs_sha256, lfs=True) for f in plan.selected)
     return SourceInfo(kind="hub", repo=repo, requested_revision=wanted, commit=commit, endpoint=endpoint,
                       files=files)
+
+
+def _whole(snap: Snapshot, error: type[MregError]) -> SourceInfo:
+    """A cached snapshot's source, when it holds every file a default pull selects (else its key is not known)."""
+    if not _covers(snap, (), (), False):
+        src = snap.record.source
+        raise error(f"only part of {src.repo}@{src.commit[:12]} is in the cache (its small files) and the hub cannot "
+                    "be asked for the rest of its listing", hint="plan once with the hub reachable, or pull it")
+    return snap.record.source
 
 
 def _listing(cache: Path, repo: str, wanted: str, endpoint: str | None) -> tuple[str, list[RemoteFile]] | Snapshot:

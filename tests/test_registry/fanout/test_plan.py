@@ -74,8 +74,12 @@ def test_a_hub_source_is_keyed_without_downloading_its_weights(isolated: Path, s
         fetched = [path for _method, path, _headers in hub.requests if "/resolve/" in path]
         assert fetched and not any(p.endswith(".safetensors") for p in fetched), fetched
         (item,) = planned["items"]
+        # Offline, the cache holds only the small files: the weights' digests are unknown, so is the key.
+        assert run("plan", matrix, "--offline", "--json").exit_code == 3
         made = ok(run("convert", "--matrix", matrix, "--item", "0", "--endpoint", hub.endpoint, "--json"))
         assert made["key"] == item["key"] and made["source"]["commit"] == item["commit"]
+    (offline,) = ok(run("plan", matrix, "--offline", "--json"))["items"]  # the hub is gone; the pull is cached
+    assert (offline["key"], offline["exists"], offline["version"]) == (item["key"], True, made["version"])
 
 
 def _gpu_matrix(isolated: Path, sources: list[Path]) -> Path:
