@@ -59,6 +59,11 @@ def plan_cmd(matrix_path: Path, emit: str | None, include_existing: bool, image:
     quiet_hub(True)
     planned = api.plan_matrix(matrix, store=store_at(matrix.store), cache=cache, offline=offline, endpoint=endpoint)
     todo = planned if include_existing else missing(planned)
+    if emit in ("k8s-job", "argo"):
+        local = [p for p in (matrix.store, *(i.source for i in matrix.items)) if p.startswith("/")]
+        if local:
+            Output(False).warn(f"{local[0]} is a path on this machine; in a pod it must be a volume every pod "
+                               "mounts at the same path (an s3:// store and hub sources need none)")
     if emit is not None:
         shown = str(matrix_path)
         name = matrix_path.stem

@@ -113,6 +113,7 @@ def test_kubernetes_jobs_load_as_v1job(isolated: Path, sources: list[Path]) -> N
     long_name.write_text(_gpu_matrix(isolated, sources).read_text())
     out = run("plan", long_name, "--emit", "k8s-job", "--image", "example/mreg:1")
     assert out.exit_code == 0, out.stderr
+    assert out.stderr.startswith("warning: ") and "volume" in out.stderr  # a local store means nothing in a pod
     doc = json.loads(out.stdout)
     client = ApiClient()
     (config,) = [o for o in doc["items"] if o["kind"] == "ConfigMap"]
