@@ -12,6 +12,7 @@ import pytest
 from support.cli import ok, run
 from support.hub_server import LocalHub
 from support.matrix_driver import run_matrix
+from support.s3_server import running
 from support.tiny_models import build_tiny_llama
 
 from registry.errors import RETRYABLE
@@ -80,6 +81,23 @@ def test_a_hub_source_is_keyed_without_downloading_its_weights(isolated: Path, s
         assert made["key"] == item["key"] and made["source"]["commit"] == item["commit"]
     (offline,) = ok(run("plan", matrix, "--offline", "--json"))["items"]  # the hub is gone; the pull is cached
     assert (offline["key"], offline["exists"], offline["version"]) == (item["key"], True, made["version"])
+
+
+def test_an_s3_store_says_what_it_has(isolated: Path, sources: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runners that share only a bucket: the plan finds pushed versions through the store's key index."""
+    with running(isolated / "seaweed", "mreg-plan") as server:
+        for k, v in server.env.items():
+            monkeypatch.setenv(k, v)
+        remote = "s3://mreg-plan/registry"
+        matrix = _matrix(isolated / "s3.toml", Path("unused"), sources[:1], TARGETS)
+        matrix.write_text(matrix.read_text().replace('store = "unused"', f'store = "{remote}"'))
+        assert ok(run("plan", matrix, "--json"))["missing"] == [0, 1]  # an empty bucket prefix: nothing yet
+        made = ok(run("convert", sources[0], "--to", "hf", "--name", "m0", "--json"))
+        ok(run("push", f"m0@{made['version']}", remote, "--json"))
+        items = ok(run("plan", matrix, "--json"))["items"]
+        assert [(i["exists"], i["version"]) for i in items] == [(True, 1), (False, None)]
+        assert items[0]["key"] == made["key"]
+        assert [e["item"] for e in json.loads(run("plan", matrix, "--emit", "github").stdout)["include"]] == [1]
 
 
 def _gpu_matrix(isolated: Path, sources: list[Path]) -> Path:
