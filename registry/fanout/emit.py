@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 RETRIES = 2
 #: GitLab runs at most this many jobs from one parallel:matrix.
 GITLAB_MAX = 200
+#: How a GitLab job's script names its item (the shell expands it; every other word is quoted).
+ITEM_VAR = '"$MREG_ITEM"'
 
 
 def convert_argv(matrix_path: str, item: str, among: str | None = None) -> list[str]:
@@ -56,6 +59,7 @@ def gitlab(items: Sequence[PlannedItem], matrix_path: str) -> dict[str, Any]:
     """Jobs with `parallel:matrix` (CPU items, and GPU items with runner tags from `MREG_GPU`), retried on the
     retryable exit codes only."""
     jobs: dict[str, Any] = {}
+    script = " ".join(a if a == ITEM_VAR else shlex.quote(a) for a in convert_argv(matrix_path, ITEM_VAR))
     cpu = [p for p in items if p.item.need.kind == "cpu"]
     gpu = [p for p in items if p.item.need.kind == "gpu"]
     for label, group, tags in (("mreg-convert", cpu, None), ("mreg-convert-gpu", gpu, ["$MREG_GPU"])):
@@ -66,7 +70,7 @@ def gitlab(items: Sequence[PlannedItem], matrix_path: str) -> dict[str, Any]:
                                          "MREG_TARGET": p.item.target, "MREG_KEY": p.key or "",
                                          "MREG_GPU": "" if tags is None else p.item.need.label}
                                         for p in group[n:n + GITLAB_MAX]]},
-                "script": [" ".join(convert_argv(matrix_path, '"$MREG_ITEM"'))],
+                "script": [script],
                 "retry": {"max": RETRIES, "exit_codes": sorted(RETRYABLE)},
                 **({"tags": tags} if tags else {}),
             }

@@ -190,6 +190,7 @@ def test_gitlab_and_json_work_lists(isolated: Path, sources: list[Path]) -> None
     assert [e["MREG_ITEM"] for e in jobs["mreg-convert"]["parallel"]["matrix"]] == ["0", "2"]
     assert jobs["mreg-convert-gpu"]["tags"] == ["$MREG_GPU"]
     assert jobs["mreg-convert"]["retry"]["exit_codes"] == sorted(RETRYABLE)
+    assert jobs["mreg-convert"]["script"] == [f'mreg convert --matrix {matrix} --item "$MREG_ITEM" --json']
     work = json.loads(run("plan", matrix, "--emit", "json").stdout)
     assert work["schema_version"] == 1
     assert work["items"][0]["argv"] == ["mreg", "convert", "--matrix", str(matrix), "--item", "0", "--json"]
