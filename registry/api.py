@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.cache import Snapshot
     from registry.convert.execute import ConversionOutcome
     from registry.convert.protocol import Target
-    from registry.fanout.matrix import Matrix
+    from registry.fanout.matrix import Item, Matrix
     from registry.fanout.plan import PlannedItem
     from registry.oci.transfer import OciPushOutcome, OciSyncOutcome
     from registry.release.aliases import AliasChange
@@ -179,6 +179,13 @@ def load_matrix(path: str | Path) -> Matrix:
     from registry.fanout.matrix import load
 
     return load(Path(path))
+
+
+def matrix_item(matrix: Matrix, item: int, among: Sequence[int] | None = None) -> Item:
+    """The item `--item N` names (with `among`: the Nth of those items, as a Kubernetes Indexed Job reaches it)."""
+    from registry.fanout.matrix import pick
+
+    return pick(matrix, item, list(among) if among is not None else None)
 
 
 def plan_matrix(matrix: Matrix, *, store: Store, cache: str | Path, offline: bool = False,

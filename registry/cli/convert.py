@@ -53,7 +53,6 @@ def _matrix_item(matrix_path: str | None, item: int | None, among: str | None, s
     """SOURCE, --to, --name and --store as given, or (`--matrix M --item N`) as the matrix's item N says, with
     that item's number in the matrix."""
     from registry.errors import UsageError
-    from registry.fanout.matrix import pick
 
     if matrix_path is None:
         if item is not None or among is not None:
@@ -71,7 +70,7 @@ def _matrix_item(matrix_path: str | None, item: int | None, among: str | None, s
         raise UsageError(f"--among {among!r} is not a comma-separated list of item numbers",
                          hint="e.g. --among 0,3,7") from None
     matrix = api.load_matrix(matrix_path)
-    chosen = pick(matrix, item, picks)
+    chosen = api.matrix_item(matrix, item, picks)
     return chosen.source, (chosen.target,), chosen.name, matrix.store, chosen.index
 
 
