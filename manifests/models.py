@@ -218,6 +218,34 @@ class GGUFRequirements(_Record):
     imatrix: GGUFImportance | None = None
 
 
+class BuildGpu(_Record):
+    """One GPU of the machine that built an artifact, as its driver names it."""
+
+    product: str
+    compute_capability: str | None = None
+    memory_mib: int | None = Field(default=None, ge=0)
+
+
+class BuildMachine(_Record):
+    """The machine that built an artifact: recorded for people and audits, never part of the conversion key."""
+
+    host: str
+    os: str | None = None
+    arch: str | None = None
+    cpu: str | None = None
+    #: The CPU's flags that matter to conversion kernels (SIMD widths, fp16 and int8 dot products), sorted.
+    cpu_flags: tuple[str, ...] = ()
+    cpus: int = Field(default=0, ge=0)
+    gpus: tuple[BuildGpu, ...] = ()
+    #: The NVIDIA driver's version and the CUDA version it supports, where a driver answered.
+    driver: str | None = None
+    cuda: str | None = None
+    #: TensorRT distributions installed (name -> version); the engines' requirements name the one used.
+    tensorrt: dict[str, str] = Field(default_factory=dict)
+    mreg_version: str
+    python: str | None = None
+
+
 class Artifact(_Record):
     """One format of a version: its files, how it was made, what it needs, how it was verified."""
 
@@ -233,6 +261,8 @@ class Artifact(_Record):
     #: Bytes of the weights an engine loads (GGUF: the file's tensor data; hf: the safetensors files; ONNX: the
     #: initializers), for serving-memory planning without opening the files; None in older manifests.
     weights_bytes: int | None = Field(default=None, ge=0)
+    #: The machine that built it (a carried artifact keeps its builder's); None in manifests before 2026-12-03.
+    built_on: BuildMachine | None = None
 
 
 class Provenance(_Record):

@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.convert.execute import ConversionOutcome
     from registry.convert.once import Waiting
     from registry.convert.protocol import Target
+    from registry.fanout.matrix import Item, Matrix
+    from registry.fanout.plan import PlannedItem
     from registry.oci.transfer import OciPushOutcome, OciSyncOutcome
     from registry.release.aliases import AliasChange
     from registry.release.hooks import HookedPromotion
@@ -193,6 +195,28 @@ def _names_version(source: str) -> bool:
 
     head = source.split("@", 1)[0]
     return "@" in source and "/" not in head and ":" not in head and local_source(source) is None and is_name(head)
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """A conversion matrix file, validated and expanded into numbered items (see registry.fanout.matrix)."""
+    from registry.fanout.matrix import load
+
+    return load(Path(path))
+
+
+def matrix_item(matrix: Matrix, item: int, among: Sequence[int] | None = None) -> Item:
+    """The item `--item N` names (with `among`: the Nth of those items, as a Kubernetes Indexed Job reaches it)."""
+    from registry.fanout.matrix import pick
+
+    return pick(matrix, item, list(among) if among is not None else None)
+
+
+def plan_matrix(matrix: Matrix, *, store: Store, cache: str | Path, offline: bool = False,
+                endpoint: str | None = None) -> list[PlannedItem]:
+    """Every item of a matrix with its conversion key and the store's version for it (no weights downloaded)."""
+    from registry.fanout.plan import plan
+
+    return plan(matrix, store, Path(cache), offline=offline, endpoint=endpoint)
 
 
 def _refuse_early(source: str, targets: Sequence[Target], *, cache: str | Path, offline: bool,

@@ -155,3 +155,18 @@ EXIT_CODES: dict[int, str] = {
     12: "a native runtime (llama.cpp) crashed in its own process; mreg recorded nothing",
     13: "an OCI registry refused the credentials (or needs some and none were found)",
 }
+
+#: Exit codes a job engine (a Kubernetes podFailurePolicy, Argo's retryStrategy, a CI retry) should run again: the
+#: failure is about this attempt's surroundings, not its inputs. 5: a lost race or lease, the next attempt finds the
+#: winner's version or takes over; 7: a full disk, whose partial work mreg already removed (another node, or space
+#: freed, can succeed); 9: an unreachable or stalled hub, store or registry; 12: a native runtime that died in its own
+#: process (memory pressure or a node's driver as often as the input); 130: stopped by a signal (a drained node).
+#: Every other failure repeats on the same inputs (usage 2, not found 3, integrity 4, a gate or failed verification
+#: 6, unsafe input 8, a failed check 11, refused credentials 13, and 1: unclassified, which includes mreg's own bugs),
+#: so a retry only spends the engine's budget.
+RETRYABLE: frozenset[int] = frozenset({5, 7, 9, 12, 130})
+
+
+def retryable(exit_code: int) -> bool:
+    """Whether a job engine should run a command that exited with `exit_code` again (see RETRYABLE)."""
+    return exit_code in RETRYABLE

@@ -11,12 +11,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from registry.cache.hub import pull_hub
+from registry.cache.hub import describe_hub, pull_hub
 from registry.cache.local import pull_local
 from registry.cache.records import Snapshot, load_record
 from registry.progress import Progress
 
-__all__ = ["Snapshot", "load_record", "local_source", "pull", "pull_hub", "pull_local"]
+__all__ = ["Snapshot", "describe_hub", "load_record", "local_source", "pull", "pull_hub", "pull_local"]
 
 def pull(cache: Path, source: str, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
          allow_pickle: bool = False, offline: bool = False, endpoint: str | None = None, copy: bool = False,

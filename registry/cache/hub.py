@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -84,6 +85,50 @@ def pull_hub(
     write_record(cache, repo, commit, record)
     write_ref(cache, repo, wanted, commit)
     return Snapshot(cache, record, snap_dir, reused=False, downloaded_bytes=downloaded)
+
+
+def describe_hub(cache: Path, repo: str, revision: str | None = None, *, endpoint: str | None = None,
+                 offline: bool = False) -> SourceInfo:
+    """The source record a default pull would write, without downloading the weights.
+
+    A conversion key needs every file's sha256. The hub lists the LFS files' (the weights), and a
+    later pull verifies the bytes against those same values; the small files it lists only by git
+    blob id, so they are pulled (verified) into the cache and hashed, where the full pull reuses them.
+    """
+    check_repo_id(repo)
+    wanted = revision or "main"
+    if offline:
+        return _whole(pull_hub(cache, repo, wanted, offline=True), NotFound)
+    if is_commit(wanted):
+        hit = load_record(cache, repo, wanted)
+        if hit is not None and _covers(hit, (), (), False):
+            return hit.record.source
+    listed = _listing(cache, repo, wanted, endpoint)
+    if isinstance(listed, Snapshot):  # unreachable hub, cached snapshot: what a pull would convert
+        return _whole(listed, HubUnavailable)
+    commit, remote = listed
+    hit = load_record(cache, repo, commit)
+    if hit is not None and _covers(hit, (), (), False):
+        return hit.record.source
+    plan = plan_pull(repo, commit, remote)
+    small = [f for f in plan.selected if f.lfs_sha256 is None]
+    hashed = {}
+    if small:
+        snap = pull_hub(cache, repo, commit, endpoint=endpoint, include=[glob.escape(f.path) for f in small])
+        hashed = {f.path: f for f in snap.record.source.files}
+    files = tuple(hashed[f.path] if f.lfs_sha256 is None else
+                  SourceFile(path=f.path, size=f.size, sha256=f.lfs_sha256, lfs=True) for f in plan.selected)
+    return SourceInfo(kind="hub", repo=repo, requested_revision=wanted, commit=commit, endpoint=endpoint,
+                      files=files)
+
+
+def _whole(snap: Snapshot, error: type[MregError]) -> SourceInfo:
+    """A cached snapshot's source, when it holds every file a default pull selects (else its key is not known)."""
+    if not _covers(snap, (), (), False):
+        src = snap.record.source
+        raise error(f"only part of {src.repo}@{src.commit[:12]} is in the cache (its small files) and the hub cannot "
+                    "be asked for the rest of its listing", hint="plan once with the hub reachable, or pull it")
+    return snap.record.source
 
 
 def _listing(cache: Path, repo: str, wanted: str, endpoint: str | None) -> tuple[str, list[RemoteFile]] | Snapshot:

@@ -67,10 +67,43 @@ def _say_waiting(w: Waiting) -> None:
                f"since {w.holder.since()} (lease {w.where}, expires in {left} s unless renewed)", err=True)
 
 
+def _matrix_item(matrix_path: str | None, item: int | None, among: str | None, source: str | None,
+                 targets: tuple[str, ...], name: str | None,
+                 store: str | None) -> tuple[str, tuple[str, ...], str | None, str | None, int | None]:
+    """SOURCE, --to, --name and --store as given, or (`--matrix M --item N`) as the matrix's item N says, with
+    that item's number in the matrix."""
+    from registry.errors import UsageError
+
+    if matrix_path is None:
+        if item is not None or among is not None:
+            raise UsageError("--item and --among go with --matrix", hint="add --matrix MATRIX.toml")
+        if source is None or not targets:
+            raise UsageError("convert needs SOURCE and --to (or --matrix M.toml --item N)",
+                             hint="e.g. mreg convert Qwen/Qwen2.5-0.5B --to hf --name qwen")
+        return source, targets, name, store, None
+    if item is None or source is not None or targets or name or store:
+        raise UsageError("--matrix takes --item N, and no SOURCE, --to, --name or --store (the matrix names them)",
+                         hint="mreg convert --matrix M.toml --item N; `mreg plan M.toml` lists the items")
+    try:
+        picks = [int(x) for x in among.split(",")] if among is not None else None
+    except ValueError:
+        raise UsageError(f"--among {among!r} is not a comma-separated list of item numbers",
+                         hint="e.g. --among 0,3,7") from None
+    matrix = api.load_matrix(matrix_path)
+    chosen = api.matrix_item(matrix, item, picks)
+    return chosen.source, (chosen.target,), chosen.name, matrix.store, chosen.index
+
+
 @click.command("convert")
-@click.argument("source", metavar="REPO[@REVISION] | ./DIR | NAME@REF | oci://HOST/REPO:TAG | oci-layout:DIR | "
-                                  "oci-archive:FILE.tar")
-@click.option("--to", "targets", multiple=True, required=True, metavar="FORMAT[:SPEC]",
+@click.argument("source", required=False, metavar="REPO[@REVISION] | ./DIR | NAME@REF | oci://HOST/REPO:TAG | "
+                                                  "oci-layout:DIR | oci-archive:FILE.tar")
+@click.option("--matrix", "matrix_path", metavar="MATRIX.toml",
+              help="Run one item of a conversion matrix (with --item; see `mreg plan`): its source, target, name "
+                   "and store come from the file.")
+@click.option("--item", type=click.IntRange(min=0), metavar="N", help="With --matrix: the item to convert.")
+@click.option("--among", metavar="I0,I1,...",
+              help="With --matrix: --item N picks the Nth of these items (a Kubernetes Indexed Job's index).")
+@click.option("--to", "targets", multiple=True, metavar="FORMAT[:SPEC]",
               help="Target format (repeatable): hf, gguf:TYPE (F16, Q8_0, Q4_K_M, …, auto), onnx[:fp16,int8,optimize,"
                    "with-past], tensorrt[:target=sm_86+sm_89,…].")
 @click.option("--name", help="Model name in the store (default for NAME@REF sources: the same model).")
@@ -102,7 +135,8 @@ def _say_waiting(w: Waiting) -> None:
 @store_option
 @pull_options
 @json_option
-def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: bool, backend: str | None,
+def convert_cmd(source: str | None, matrix_path: str | None, item: int | None, among: str | None,
+                targets: tuple[str, ...], name: str | None, copy: bool, backend: str | None,
                 trt_target: str | None, shapes: str | None, precision: str | None, budget: str | None,
                 evaluation: str | None, eval_tokens: int | None, calibration: str | None,
                 calibration_ctx: int | None, imatrix_file: str | None, config_path: str | None,
@@ -117,9 +151,14 @@ def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: b
     the existing version without new work. The store may be s3://BUCKET/PREFIX: the version is built on this
     machine, then pushed. One run per conversion does the work, on any number of machines sharing the store:
     the others wait for its version (saying on stderr who they wait for), or exit 5 with --no-wait.
+
+    With --matrix M.toml --item N, the item N of a conversion matrix (`mreg plan M.toml` lists
+    them) is converted into the matrix's store: this is what each task of an emitted CI matrix,
+    Kubernetes Job or Argo Workflow runs.
     """
     from registry.convert.plan import parse_target, with_spec_flags
 
+    src, targets, name, store, index = _matrix_item(matrix_path, item, among, source, targets, name, store)
     parsed = with_spec_flags([parse_target(t) for t in targets], "tensorrt",
                              _tensorrt_tokens(backend, trt_target, shapes, precision),
                              "--backend, --target, --shapes and --precision")
@@ -130,7 +169,7 @@ def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: b
     settings = settings_for(config_path, cache_dir, store)
     location = str(settings.require_store())
     st = s3_store(location) if location.startswith("s3://") else local_store(settings)
-    outcome = api.convert(source, parsed, store=st, cache=settings.require_cache(), name=name, copy=copy,
+    outcome = api.convert(src, parsed, store=st, cache=settings.require_cache(), name=name, copy=copy,
                           include=include, exclude=exclude, allow_pickle=allow_pickle, offline=offline,
                           endpoint=endpoint, progress=progress_for(as_json), on_pull=lambda: quiet_hub(as_json),
                           insecure=insecure, wait=not no_wait, on_wait=_say_waiting)
@@ -144,6 +183,7 @@ def convert_cmd(source: str, targets: tuple[str, ...], name: str | None, copy: b
         "not_run": {a.format: list(a.verification.unrun()) for a in m.artifacts if a.verification.unrun()},
         "source": {"repo": outcome.source.repo, "commit": outcome.source.commit},
         "duration_s": round(outcome.duration_s, 3),
+        **({"item": index} if index is not None else {}),
     }
     verb = "exists" if outcome.reused else "published"
     checks = ", ".join(f"{a.format} {a.verification.status}" for a in m.artifacts)

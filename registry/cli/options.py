@@ -114,10 +114,15 @@ def _set_endpoint(ctx: click.Context, _param: click.Parameter, value: str | None
         ctx.meta[ENDPOINT_KEY] = value
 
 
+def endpoint_option(f: F) -> F:
+    """`--endpoint-url` (for commands whose store is named elsewhere, e.g. in a matrix file)."""
+    return click.option("--endpoint-url", metavar="URL", expose_value=False, callback=_set_endpoint,
+                        help="S3 endpoint for s3:// stores (else $AWS_ENDPOINT_URL; AWS when unset).")(f)
+
+
 def store_option(f: F) -> F:
     """`--store` and `--endpoint-url`."""
-    f = click.option("--endpoint-url", metavar="URL", expose_value=False, callback=_set_endpoint,
-                     help="S3 endpoint for s3:// stores (else $AWS_ENDPOINT_URL; AWS when unset).")(f)
+    f = endpoint_option(f)
     return click.option("--store", metavar="DIR|s3://BUCKET/PREFIX",
                         help="Store: a directory or s3://bucket/prefix. Else $MREG_STORE, else `store` in the "
                              "config file.")(f)
@@ -167,6 +172,11 @@ def local_store(settings: Settings) -> LocalStore:
 def s3_store(url: str) -> S3Store:
     """An S3 store named on the command line."""
     return api.open_s3_store(url, endpoint_url=_endpoint())
+
+
+def store_at(location: str) -> Store:
+    """The store at a location named outside the settings (a matrix file's `store`), with --endpoint-url."""
+    return api.open_store(location, endpoint_url=_endpoint())
 
 
 def any_store(settings: Settings) -> Store:

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from registry.errors import MregError
+from registry.errors import MregError, retryable
 
 SCHEMA_VERSION = 1
 
@@ -64,7 +64,8 @@ class Output:
 def error_doc(err: MregError) -> dict[str, Any]:
     """An error as `--json` writes it, ready for json.dumps (its details already encoded)."""
     error: dict[str, Any] = {"type": type(err).__name__, "message": one_line(str(err)),
-                             "hint": one_line(err.hint) if err.hint else err.hint, "exit_code": err.exit_code}
+                             "hint": one_line(err.hint) if err.hint else err.hint, "exit_code": err.exit_code,
+                             "retryable": retryable(err.exit_code)}
     if err.details is not None:
         error["details"] = json.loads(json.dumps(err.details, default=_encode))
     return error

@@ -26,7 +26,7 @@ from registry.units import human_size
 from registry.web.documents import aliases_at_doc
 
 if TYPE_CHECKING:
-    from manifests import Artifact
+    from manifests import Artifact, BuildMachine
     from registry.store.protocol import Store
     from registry.store.signatures import SignatureResult
     from registry.store.verify import VerifyReport
@@ -180,6 +180,8 @@ def show_cmd(ref: str, memory_gib: float | None, context: int | None, cache_type
             if a.weights_bytes is not None:
                 lines.append(f"  {'':<9} weights {human_size(a.weights_bytes)}")
             lines += [f"  {'':<9} {line}" for line in _selection(a, v.path)]
+            if a.built_on is not None:
+                lines.append(f"  {'':<9} built on {_machine(a.built_on)}")
         if m.model is not None and m.model.kv_cache is not None:
             kv = m.model.kv_cache
             per = ", ".join(f"{t} {human_size(n)}" for t, n in kv.bytes_per_token.items())
@@ -195,6 +197,20 @@ def show_cmd(ref: str, memory_gib: float | None, context: int | None, cache_type
         return "\n".join(lines)
 
     Output(as_json).result(doc, human)
+
+
+def _machine(m: BuildMachine) -> str:
+    """Where an artifact was built, on one line: host, CPU, GPUs with driver and CUDA, TensorRT, mreg."""
+    parts = [f"{m.host} ({m.os or '?'}, {m.arch or '?'})", f"CPU {m.cpu or '?'} x{m.cpus}"]
+    if m.cpu_flags:
+        parts[-1] += f" [{' '.join(m.cpu_flags)}]"
+    for g in m.gpus:
+        parts.append(f"GPU {g.product} {g.compute_capability or ''}".rstrip())
+    if m.driver or m.cuda:
+        parts.append(f"driver {m.driver or '?'}, CUDA {m.cuda or '?'}")
+    parts += [f"{dist} {ver}" for dist, ver in m.tensorrt.items()]
+    parts.append(f"mreg {m.mreg_version}")
+    return "; ".join(parts)
 
 
 def _selection(a: Artifact, path: str) -> list[str]:

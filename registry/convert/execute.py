@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from manifests import Artifact, ConverterInfo, Manifest, SourceInfo
-from registry import atomic, layout, provenance
+from registry import atomic, layout, machine, provenance
 from registry.cache import Snapshot
 from registry.convert.modelinfo import read_model_info
 from registry.convert.once import Waiting, run_once
@@ -192,6 +192,7 @@ def _run_group(staging: Staging, snapshot: Snapshot, name: str, group: list[Plan
             requirements=result.requirements,
             verification=result.verification,
             weights_bytes=result.weights_bytes,
+            built_on=machine.here(),
         ))
     return made
 

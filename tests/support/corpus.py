@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from registry.errors import RETRYABLE
 from support.cli import CliResult, run
 from support.hostile import file_modes_enforced
 from support.world import World, untouchable, visible
@@ -54,6 +55,8 @@ def refusal(r: CliResult, case: Case) -> None:
     assert doc["schema_version"] == 1 and error["exit_code"] == case.code, r.stdout
     assert error["message"] == errors[0].removeprefix("error: ") and error["hint"] == hints[0].removeprefix("hint: ")
     assert error["hint"].strip() and len(error["message"]) < 500, error
+    # Whether a job engine should run it again: a bool, the same split as the emitted podFailurePolicy.
+    assert error["retryable"] is (case.code in RETRYABLE), error
     if case.error is not None:
         assert error["type"] == case.error, error
     for word in case.says:
