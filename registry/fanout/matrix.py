@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from registry import layout
 from registry.errors import NotFound, UsageError
@@ -42,7 +42,14 @@ LOCAL_PREFIXES = ("./", "../", "/", "~", "file://")
 HINT = ("a matrix is `store = \"DIR|s3://…\"` and [[models]] tables with name, source (ORG/NAME[@REV] or ./DIR), "
         "targets (a list of --to forms) and optional gpus; see docs/guides/ci-matrix.md")
 
-Name = Annotated[str, Field(pattern=layout.NAME_RE.pattern)]
+def _model_name(value: str) -> str:
+    """A model name as the store takes it (layout.NAME_RE, matched in Python: pydantic's regex engine has no \\Z)."""
+    if not layout.NAME_RE.match(value):
+        raise ValueError(f"{value!r} is not a model name (letters, digits, '.', '_', '-'; 128 at most)")
+    return value
+
+
+Name = Annotated[str, AfterValidator(_model_name)]
 
 
 class ModelEntry(BaseModel):
