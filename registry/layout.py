@@ -22,6 +22,8 @@ Store::
     models/<name>/baselines/<golden>.json                   expected outputs of a golden set
     models/<name>/signatures/<n>/<time>-<key id[:12]>.json  signature records (append-only, beside the version;
                                                             the same keys in an S3 store)
+    models/<name>/rollouts/<alias>.json                      a staged rollout of the alias (RolloutRecord); on S3
+                                                            it is the `rollout` field of the alias record itself
 
 S3 store (`s3://bucket/prefix/`): the same `blobs/` and `models/<name>/versions/<n>/manifest.json`,
 plus `models/<name>/aliases/<alias>.json` (an alias record with its history),
@@ -59,6 +61,9 @@ LOCKS = "locks"
 CHECKS = "checks"
 SIGNATURES = "signatures"
 BASELINES = "baselines"
+ROLLOUTS = "rollouts"
+#: The second alias a staged rollout adds: `production-canary` leads to the new version while `production` stays.
+CANARY_SUFFIX = "-canary"
 
 S3_ALIASES = "aliases"
 S3_KEYS = "keys"
@@ -73,9 +78,9 @@ CACHE_REFS = "refs"
 NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 ALIAS_RE = re.compile(r"\A[a-z][a-z0-9_-]{0,63}\Z")
 #: Names under models/<name>/ that are not aliases (and "history", the log's stem, and "tmp", for readability).
-RESERVED_ALIASES = frozenset({VERSIONS, CHECKS, BASELINES, SIGNATURES, HISTORY.split(".")[0], TMP})
+RESERVED_ALIASES = frozenset({VERSIONS, CHECKS, BASELINES, SIGNATURES, ROLLOUTS, HISTORY.split(".")[0], TMP})
 #: What mreg keeps in models/<name>/ besides aliases (and its own hidden temp names): directories, then files.
-MODEL_DIRS = frozenset({VERSIONS, CHECKS, BASELINES, SIGNATURES})
+MODEL_DIRS = frozenset({VERSIONS, CHECKS, BASELINES, SIGNATURES, ROLLOUTS})
 MODEL_FILES = frozenset({HISTORY, ALIAS_LOCK})
 
 
@@ -122,6 +127,16 @@ def version_dir(root: Path, name: str, version: int) -> Path:
 def alias_path(root: Path, name: str, alias: str) -> Path:
     """Path of an alias symlink."""
     return model_dir(root, name) / alias
+
+
+def rollout_path(root: Path, name: str, alias: str) -> Path:
+    """The rollout record of one alias (local store): replaced whole, under the model's alias lock."""
+    return model_dir(root, name) / ROLLOUTS / f"{alias}.json"
+
+
+def canary_alias(alias: str) -> str:
+    """The alias that leads to the canary version while `alias` is under a staged rollout."""
+    return alias + CANARY_SUFFIX
 
 
 def alias_target(version: int) -> str:

@@ -16,7 +16,7 @@ from registry.refs import check_name, parse_ref
 from registry.units import human_size
 
 if TYPE_CHECKING:
-    from manifests import Artifact
+    from manifests import Artifact, HistoryEntry
     from registry.store.protocol import Store
     from registry.store.signatures import SignatureResult
     from registry.store.verify import VerifyReport
@@ -235,8 +235,19 @@ def history_cmd(name: str, alias: str | None, config_path: str | None, store: st
     docs = [e.model_dump(mode="json", by_alias=True) for e in entries]
     Output(as_json).result({"name": name, "entries": docs}, lambda: table(
         [[e.by.at.isoformat()[:19], e.alias, e.action, str(e.from_version or "-"), str(e.to_version),
-          f"{e.by.user}@{e.by.host}", e.reason or ""] for e in entries],
+          f"{e.by.user}@{e.by.host}", _why(e)] for e in entries],
         ["WHEN", "ALIAS", "ACTION", "FROM", "TO", "BY", "WHY"]) if entries else "(no alias changes)")
+
+
+def _why(e: HistoryEntry) -> str:
+    """The reason, and for a rollout step the canary's weight and each gate's value."""
+    if e.rollout is None:
+        return e.reason or ""
+    r = e.rollout
+    gates = "; ".join(f"{g.gate} {'pass' if g.passed else 'FAIL'}" + (f" {g.value:g}" if g.value is not None else "")
+                      for g in r.gates)
+    return " ".join(x for x in (f"canary {r.canary} at {r.weight}%", f"[{gates}]" if gates else "", e.reason or "")
+                    if x)
 
 
 @click.command("resolve")
