@@ -105,7 +105,7 @@ def configured(raw: dict[str, Any], name: str) -> dict[str, Any]:
                                           "apply": (str,)}
     for key, value in conf.items():
         if isinstance(value, bool) or not isinstance(value, kinds[key]) or (
-                key == "gates" and not all(isinstance(g, str) for g in value)):
+                isinstance(value, list) and not all(isinstance(g, str if key == "gates" else int) for g in value)):
             raise UsageError(f"{where} {key} has the wrong type", hint='e.g. steps = [5, 25, 100], interval = "10m", '
                                                                       'gates = ["http:http://canary/health"], '
                                                                       'apply = "my-router-apply"')

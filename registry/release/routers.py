@@ -116,7 +116,7 @@ def argo_rollouts(rec: RolloutRecord, _port: int) -> list[dict[str, Any]]:
 def flagger(rec: RolloutRecord, port: int) -> list[dict[str, Any]]:
     """Flagger Canary: stepWeights from the rollout's steps, metrics from its Prometheus gates (MetricTemplates)."""
     gates = _prom_gates(rec)
-    templates = [{"apiVersion": "flagger.app/v1beta1", "kind": "MetricTemplate",
+    templates: list[dict[str, Any]] = [{"apiVersion": "flagger.app/v1beta1", "kind": "MetricTemplate",
                   "metadata": {"name": dns_name(rec.name, rec.alias, f"gate-{i}"), "labels": _labels(rec)},
                   "spec": {"provider": {"type": "prometheus", "address": g.url}, "query": g.query}}
                  for i, g in enumerate(gates)]

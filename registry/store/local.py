@@ -30,6 +30,7 @@ from registry.refs import Ref
 from registry.store import entries
 from registry.store.protocol import (
     AliasDecision,
+    Listener,
     RolloutChange,
     RolloutDecision,
     Version,
@@ -37,6 +38,7 @@ from registry.store.protocol import (
     manifest_bytes,
     read_manifest,
     resolve_ref,
+    tell,
 )
 from registry.store.staging import Staging
 
@@ -48,6 +50,7 @@ class LocalStore:
         self.root = root.expanduser().absolute()
         self.location = str(self.root)
         self.tmp = layout.tmp_dir(self.root)
+        self.listeners: list[Listener] = []
 
     # -- reading -------------------------------------------------------------------------
 
@@ -286,6 +289,8 @@ class LocalStore:
             if entry is not None:
                 self.set_alias(name, alias, entry.to_version)
                 self.append_history(name, entry)
+        if entry is not None:
+            tell(self.listeners, name, entry)
         return current, entry
 
     def rollout(self, name: str, alias: str) -> RolloutRecord | None:
@@ -329,6 +334,8 @@ class LocalStore:
                     if change.entry.to_version != current:
                         self.set_alias(name, alias, change.entry.to_version)
                     self.append_history(name, change.entry)
+        if change is not None and change.entry is not None:
+            tell(self.listeners, name, change.entry)
         return current, before, change
 
     def point_alias(self, name: str, alias: str, number: int) -> None:

@@ -6,6 +6,7 @@ against `Store` by mypy; nothing outside this package asks which one it has.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,9 @@ class Store(Protocol):
     """What promotion, listing and verification need from a store, local or remote."""
 
     location: str
+    #: Called with (model name, entry) after each history entry is committed (alias-change events); a listener's
+    #: failure is its own: it never undoes or blocks the change.
+    listeners: list[Listener]
 
     def models(self) -> list[str]:
         """Names of the models in the store."""
@@ -109,6 +113,16 @@ class RolloutChange:
 
 
 HistoryLoader = Callable[[], list[HistoryEntry]]
+Listener = Callable[[str, HistoryEntry], None]
+
+
+def tell(listeners: list[Listener], name: str, entry: HistoryEntry) -> None:
+    """Hand a committed entry to every listener; whatever a listener raises stays with it."""
+    for listener in listeners:
+        with contextlib.suppress(Exception):  # a listener must never turn a committed change into a failure
+            listener(name, entry)
+
+
 #: Given the alias's current target and a loader of the model's history, the entry to apply (or None).
 AliasDecision = Callable[[int | None, HistoryLoader], HistoryEntry | None]
 #: Given the alias's target, its rollout record and a loader of the history, the change to write (or None).

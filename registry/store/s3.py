@@ -34,12 +34,14 @@ from registry.refs import Ref
 from registry.store.bucket import Bucket, PreconditionFailed, RemoteObject, wrap_error
 from registry.store.protocol import (
     AliasDecision,
+    Listener,
     RolloutChange,
     RolloutDecision,
     Version,
     manifest_bytes,
     read_manifest,
     resolve_ref,
+    tell,
 )
 
 __all__ = ["GC_LOCK_TTL_S", "LEASE_TTL_S", "PreconditionFailed", "RemoteObject", "S3Store", "wrap_error"]
@@ -52,6 +54,10 @@ LEASE_TTL_S = 24 * 3600
 
 class S3Store(Bucket):
     """A store in a bucket, through boto3 (credentials, region and endpoint from the standard chain)."""
+
+    def __init__(self, url: str, *, endpoint_url: str | None = None) -> None:
+        super().__init__(url, endpoint_url=endpoint_url)
+        self.listeners: list[Listener] = []
 
     def blob_key(self, sha256: str) -> str:
         """The key of a blob."""
@@ -190,6 +196,7 @@ class S3Store(Bucket):
         new = AliasRecord(name=name, alias=alias, version=target.number, manifest_sha256=target.manifest_sha256,
                           history=(*history, entry), rollout=rec.rollout if rec else None)
         self._swap(name, alias, new, etag)
+        tell(self.listeners, name, entry)
         return current, entry
 
     def _swap(self, name: str, alias: str, new: AliasRecord, etag: str | None) -> None:
@@ -232,6 +239,8 @@ class S3Store(Bucket):
         new = AliasRecord(name=name, alias=alias, version=to, manifest_sha256=sha,
                           history=(*history, change.entry) if change.entry else tuple(history), rollout=change.record)
         self._swap(name, alias, new, etag)
+        if change.entry is not None:
+            tell(self.listeners, name, change.entry)
         return current, before, change
 
     def point_alias(self, name: str, alias: str, number: int) -> None:
