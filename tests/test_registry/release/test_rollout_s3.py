@@ -4,6 +4,7 @@ step, the alias's target and the history entry commit in one conditional PUT; tw
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 from collections.abc import Iterator
@@ -52,11 +53,18 @@ def test_s3_rollout_to_done_and_abort(mreg: Any, remote: str, s3server: SeaweedS
     assert ok(mreg("resolve", "m@production", *st, "--json"))["version"] == 1
     r = mreg("promote", "m@3", *st, "--json")
     assert r.exit_code == 5 and "under a staged rollout" in r.json["error"]["message"]
+    node = tmp_path / "node"  # a serving node's store, synced from the bucket: it holds both versions meanwhile
+    ok(mreg("sync", remote, "m", "--store", str(node), "--json"))
+    assert os.readlink(node / "models/m/production") == "versions/1"
+    assert os.readlink(node / "models/m/production-canary") == "versions/2"
     done = ok(mreg("rollout", "run", "m", *st, "--json"))
     assert done["rollout"]["state"] == "done"
     assert ok(mreg("resolve", "m@production", *st, "--json"))["version"] == 2
     assert mreg("resolve", "m@production-canary", *st, "--json").exit_code == 3
     assert log.read_text().split() == ["0", "20", "100"]
+    ok(mreg("sync", remote, "m", "--store", str(node), "--json"))
+    assert os.readlink(node / "models/m/production") == "versions/2"
+    assert not os.path.lexists(node / "models/m/production-canary"), "the canary alias goes once the rollout is over"
     hist = ok(mreg("history", "m", "--alias", "production", *st, "--json"))["entries"]
     assert [e["action"] for e in hist] == ["promote", "rollout-start", "rollout-step", "rollout-done"]
     assert hist[-1]["from"] == 1 and hist[-1]["to"] == 2 and hist[-1]["rollout"]["weight"] == 100
