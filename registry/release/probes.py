@@ -73,6 +73,9 @@ def parse_gate(text: str) -> Gate:
     if not isinstance(text, str) or not text or len(text) > MAX_GATE or "\0" in text:
         raise UsageError(f"bad gate {str(text)[:80]!r}: not a gate of at most {MAX_GATE} characters", hint=_GATE_HINT)
     kind, sep, rest = text.partition(":")
+    if rest.startswith("//"):  # `--gate http://host/health`: a URL where a gate was meant
+        raise UsageError(f"gate {text[:80]!r} is a URL with no gate kind before it",
+                         hint=f"write http:{text[:60]} for an HTTP probe; " + _GATE_HINT)
     if not sep or kind not in KINDS:
         raise UsageError(f"unknown gate kind {kind[:20]!r} in {text[:80]!r}", hint=f"known kinds: {', '.join(KINDS)}; "
                                                                                    + _GATE_HINT)
@@ -100,6 +103,8 @@ def parse_gate(text: str) -> Gate:
             "[") != query.count("]"):
         raise UsageError(f"gate {text[:80]!r}: the PromQL query's brackets do not match", hint=_GATE_HINT)
     threshold = float(m.group(2))
+    if not math.isfinite(threshold):  # 1e999 is inf: a bound every sample meets is no gate
+        raise UsageError(f"gate {text[:80]!r}: the bound {m.group(2)[:20]} is not a finite number", hint=_GATE_HINT)
     return Gate(kind, text, url=_url(url, text), query=query.strip(), op=m.group(1), threshold=threshold,
                 hold_s=hold)
 
