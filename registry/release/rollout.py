@@ -390,7 +390,9 @@ def run(store: Store, name: str, alias: str = "production", *, probing: Probing 
     from the recorded step, waiting only what is left of the interval."""
     _names(name, alias)
     probing = probing or Probing()
-    settle(store, name, alias)
+    last = settle(store, name, alias)
+    if last is not None and last.state == "done":
+        return Outcome(last, False)  # a `run` started again after the last step: nothing is left to do
     taken: list[RolloutRecord] = []
     while True:
         rec = _active(store, name, alias)

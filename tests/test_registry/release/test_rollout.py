@@ -71,6 +71,8 @@ def test_rollout_steps_to_done(mreg: Any, three: str, store_root: Path, tmp_path
         ("rollout-step", 1, 1, 50), ("rollout-done", 1, 2, 100)]
     assert hist[1]["reason"] == "try 2" and hist[2]["by"]["user"]
     assert "canary 2 at 50%" in mreg("history", "m").stdout
+    again = ok(mreg("rollout", "run", "m", "--json"))
+    assert again["changed"] is False and again["rollout"]["state"] == "done", "a finished rollout: nothing to do"
     assert ok(mreg("rollback", "m", "--json"))["to"] == 1, "rollback after a rollout goes to the old stable"
 
 
@@ -238,3 +240,24 @@ def test_second_start_races(mreg: Any, three: str, store_root: Path) -> None:
     assert codes == [0, 5], [p.stderr.read() if p.stderr else b"" for p in procs]
     rec = json.loads((store_root / "models/m/rollouts/production.json").read_text())
     assert os.readlink(store_root / "models/m" / layout.canary_alias("production")) == f"versions/{rec['canary']}"
+
+
+def test_python_api(three: str, store_root: Path) -> None:
+    from registry import api
+    from registry.release.probes import Probing
+    from registry.release.rollout import RolloutAborted
+
+    store = api.open_store(store_root)
+    started = api.rollout_start(store, "m@2", steps="50,100", reason="from python")
+    assert started.record is not None and started.record.canary == 2
+    seen: list[int] = []
+    done = api.rollout_run(store, "m", on_step=lambda out: seen.append(out.record.weight if out.record else -1))
+    assert seen == [50, 100] and done.record is not None and done.record.state == "done"
+    assert api.rollout_status(store, "m") == done.record
+    api.rollout_start(store, "m@3", steps=[100], gates=["http:http://127.0.0.1:9/"])
+    with pytest.raises(RolloutAborted) as failed:
+        api.rollout_advance(store, "m", probing=Probing(tries=2, retry_s=0.01))
+    assert failed.value.exit_code == 10 and "http:http://127.0.0.1:9/ failed" in str(failed.value)
+    assert store.alias("m", "production") == 2
+    render = api.rollout_render(store, "m", "json")
+    assert isinstance(render, dict) and render["state"] == "aborted"
