@@ -360,6 +360,8 @@ class RolloutRecord(_Record):
     interval_s: float = Field(ge=0)
     gates: tuple[str, ...] = ()
     apply: str | None = None
+    #: What the apply command reads on its standard input: a `rollout render` target (None: the JSON state).
+    apply_target: str | None = None
     reason: str | None = None
     started: Provenance
     changed: Provenance

@@ -244,14 +244,15 @@ def rollback(store: Store, name: str, *, alias: str = "production", to: int | No
 
 def rollout_start(store: Store, ref: str, *, alias: str = "production", steps: str | Sequence[int] | None = None,
                   interval: str | float | None = None, gates: Sequence[str] = (), apply: str | None = None,
-                  expect: int | str | None = "", reason: str | None = None, require: Sequence[str] = (),
+                  apply_target: str | None = None, expect: int | str | None = "", reason: str | None = None,
+                  require: Sequence[str] = (),
                   force: bool = False, policy: dict[str, Any] | None = None,
                   trust: TrustPolicy | None = None) -> RolloutOutcome:
     """Start a staged rollout of the version `ref` names against the version `alias` points at now.
 
-    `policy` is the config file's contents: `[models.NAME.rollout]` may give steps, interval, gates and apply
-    (arguments override them; gates add to them) and `[models.NAME]` require adds requirements. Everything is
-    checked before anything is written; the canary alias `<alias>-canary` then leads to the version.
+    `policy` is the config file's contents: `[models.NAME.rollout]` may give steps, interval, gates, apply and
+    apply_target (arguments override them; gates add to them) and `[models.NAME]` require adds requirements.
+    Everything is checked before anything is written; the canary alias `<alias>-canary` then leads to the version.
     """
     from registry.release import hooks, rollout
     from registry.store.trust import policy_for
@@ -266,7 +267,8 @@ def rollout_start(store: Store, ref: str, *, alias: str = "production", steps: s
         raise UsageError("no --steps given", hint="e.g. --steps 5,25,50,100, or steps = [5, 25, 100] under "
                                                   f"[models.{r.name}.rollout] in the config file")
     p = rollout.plan(chosen, interval if interval is not None else conf.get("interval", 0.0),
-                     (*conf.get("gates", ()), *gates), apply if apply is not None else conf.get("apply"))
+                     (*conf.get("gates", ()), *gates), apply if apply is not None else conf.get("apply"),
+                     apply_target if apply_target is not None else conf.get("apply_target"))
     return rollout.start(store, r.name, store.resolve(r), p, alias=alias, expect=expect, reason=reason,
                          require=(*configured, *require), trust=trust, force=force)
 

@@ -96,6 +96,8 @@ def rollout_group() -> None:
               help="Checked before every step (repeatable): prom:URL|PROMQL|<0.05[|for=30s], http:URL, "
                    "check:GOLDEN.")
 @click.option("--apply", "apply_cmd", metavar="CMD", help="Run (sh -c) after every weight change to apply it.")
+@click.option("--apply-target", metavar="TARGET", help="Give the apply command `rollout render --target TARGET` "
+                                                       "on its stdin (default: the rollout's state as JSON).")
 @click.option("--expect", metavar="VERSION|none", help="Only if the alias currently points here (else exit 5).")
 @click.option("--require", multiple=True, metavar="FORMAT[:ARGS]", help="As for `promote`: refuse a canary "
                                                                         "without it (exit 6).")
@@ -105,8 +107,8 @@ def rollout_group() -> None:
 @store_option
 @json_option
 def start_cmd(ref: str, alias: str, steps: str | None, interval: str | None, gates: tuple[str, ...],
-              apply_cmd: str | None, expect: str | None, require: tuple[str, ...], force: bool,
-              message: str | None, config_path: str | None, store: str | None, as_json: bool) -> None:
+              apply_cmd: str | None, apply_target: str | None, expect: str | None, require: tuple[str, ...],
+              force: bool, message: str | None, config_path: str | None, store: str | None, as_json: bool) -> None:
     """Start rolling out NAME@VERSION against the version the alias points at now.
 
     Settings may also come from `[models.NAME.rollout]` in the config file (steps, interval,
@@ -119,8 +121,8 @@ def start_cmd(ref: str, alias: str, steps: str | None, interval: str | None, gat
     name = ref.split("@", 1)[0]
     _report(name, alias, as_json, lambda: api.rollout_start(
         any_store(settings), ref, alias=alias, steps=steps, interval=interval, gates=gates, apply=apply_cmd,
-        expect=expected, reason=message, require=require, force=force, policy=settings.raw,
-        trust=api.trust_policy(settings, name)))
+        apply_target=apply_target, expect=expected, reason=message, require=require, force=force,
+        policy=settings.raw, trust=api.trust_policy(settings, name)))
 
 
 @rollout_group.command("status")

@@ -71,10 +71,11 @@ class Plan:
     interval_s: float
     gates: tuple[Gate, ...]
     apply: str | None
+    apply_target: str | None = None
 
 
 def plan(steps: str | Sequence[int], interval: str | float = 0.0, gates: Sequence[str] = (),
-         apply: str | None = None) -> Plan:
+         apply: str | None = None, apply_target: str | None = None) -> Plan:
     """Check every setting of a rollout (steps, interval, gates, apply command) before it starts."""
     seconds = parse_duration(interval, "--interval") if isinstance(interval, str) else float(interval)
     if not 0 <= seconds <= 7 * 24 * 3600:
@@ -82,11 +83,16 @@ def plan(steps: str | Sequence[int], interval: str | float = 0.0, gates: Sequenc
     command = None
     if apply is not None:
         command = str(hooks.check_settings({"reload_cmd": apply}, lambda _f: "--apply")["reload_cmd"])
-    return Plan(parse_steps(steps), seconds, tuple(parse_gate(g) for g in gates), command)
+    from registry.release.routers import TARGETS
+
+    if apply_target is not None and apply_target not in TARGETS:
+        raise UsageError(f"--apply-target {apply_target[:40]!r} is no render target",
+                         hint=f"known: {', '.join(TARGETS)}")
+    return Plan(parse_steps(steps), seconds, tuple(parse_gate(g) for g in gates), command, apply_target)
 
 
 #: `[models.NAME.rollout]` keys.
-CONFIG_KEYS = ("steps", "interval", "gates", "apply")
+CONFIG_KEYS = ("steps", "interval", "gates", "apply", "apply_target")
 
 
 def configured(raw: dict[str, Any], name: str) -> dict[str, Any]:
@@ -102,7 +108,7 @@ def configured(raw: dict[str, Any], name: str) -> dict[str, Any]:
         raise UsageError(f"unknown keys in {where}: {', '.join(sorted(unknown))}",
                          hint=f"known keys: {', '.join(CONFIG_KEYS)}")
     kinds: dict[str, tuple[type, ...]] = {"steps": (list, str), "interval": (str, int, float), "gates": (list,),
-                                          "apply": (str,)}
+                                          "apply": (str,), "apply_target": (str,)}
     for key, value in conf.items():
         if isinstance(value, bool) or not isinstance(value, kinds[key]) or (
                 isinstance(value, list) and not all(isinstance(g, str if key == "gates" else int) for g in value)):
@@ -164,7 +170,8 @@ def start(store: Store, name: str, version: Version, p: Plan, *, alias: str = "p
         by = provenance.now()
         rec = RolloutRecord(name=name, alias=alias, stable=current, canary=version.number, steps=p.steps, step=-1,
                             weight=0, state="running", applied=p.apply is None, interval_s=p.interval_s,
-                            gates=tuple(g.text for g in p.gates), apply=p.apply, reason=reason, started=by,
+                            gates=tuple(g.text for g in p.gates), apply=p.apply, apply_target=p.apply_target,
+                            reason=reason, started=by,
                             changed=by)
         return RolloutChange(rec, _entry(alias, "rollout-start", current, current, rec, reason))
 
@@ -218,11 +225,18 @@ def env_for(store: Store, rec: RolloutRecord) -> dict[str, str]:
 
 
 def router_document(store: Store, rec: RolloutRecord) -> bytes:
-    """The apply command's standard input: the rollout's state as one JSON document (see `rollout render` for each
-    router's own configuration)."""
+    """The apply command's standard input: `rollout render --target T` for the record's apply target (Kubernetes
+    resources as YAML, router configuration as text), else the rollout's state as one JSON document."""
     from registry.release import routers
 
-    return json.dumps(routers.state(store, rec), indent=2).encode() + b"\n"
+    out = routers.render(store, rec, rec.apply_target or "json")
+    if isinstance(out, str):
+        return out.encode()
+    if isinstance(out, list):
+        import yaml
+
+        return str(yaml.safe_dump_all(out, sort_keys=False)).encode()
+    return json.dumps(out, indent=2).encode() + b"\n"
 
 
 def _apply(store: Store, rec: RolloutRecord) -> tuple[bool, str]:

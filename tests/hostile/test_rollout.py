@@ -93,6 +93,8 @@ CASES = [
          ("not a duration",)),
     Case("an apply command of spaces", _start("--steps", "5,100", "--apply", "   "), 2, "UsageError",
          ("shell command",)),
+    Case("an apply target no router is", _start("--steps", "5,100", "--apply", "true", "--apply-target", "../x"),
+         2, "UsageError", ("no render target",)),
     Case("an alias too long for its canary", _start("--steps", "5,100", "--alias", "a" * 60), 2, "UsageError",
          ("64 characters",)),
     Case("the stable version as canary", _on_1("rollout", "start", "m@1", "--steps", "5,100"), 2, "UsageError",

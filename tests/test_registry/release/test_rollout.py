@@ -261,3 +261,17 @@ def test_python_api(three: str, store_root: Path) -> None:
     assert store.alias("m", "production") == 2
     render = api.rollout_render(store, "m", "json")
     assert isinstance(render, dict) and render["state"] == "aborted"
+
+
+def test_apply_reads_the_rendered_router_configuration(mreg: Any, three: str, tmp_path: Path) -> None:
+    import yaml
+
+    out = tmp_path / "route.yaml"
+    ok(mreg("rollout", "start", "m@2", "--steps", "30,100", "--apply-target", "gateway-api", "--apply",
+            f"cat > {out}", "--json"))
+    ok(mreg("rollout", "advance", "m", "--json"))
+    (route,) = yaml.safe_load_all(out.read_text())
+    assert route["kind"] == "HTTPRoute"
+    assert [b["weight"] for b in route["spec"]["rules"][0]["backendRefs"]] == [70, 30]
+    r = mreg("rollout", "start", "m@3", "--steps", "100", "--apply-target", "istio", "--json")
+    assert r.exit_code == 2 and "no render target" in r.json["error"]["message"]

@@ -126,8 +126,9 @@ class Router:
         """The --apply command: both weights over HAProxy's runtime API, one line per call in `log`."""
         script = self.work / "apply.py"
         script.write_text(
-            "import os, socket, time\n"
+            "import os, socket, sys, time\n"
             "w = int(os.environ['MREG_CANARY_WEIGHT'])\n"
+            "assert f'server canary canary:8080 weight {w} check' in sys.stdin.read()  # --apply-target haproxy\n"
             "s = socket.socket(socket.AF_UNIX)\n"
             f"s.connect({str(self.sock)!r})\n"
             "s.sendall(f'set weight llm/stable {100 - w}; set weight llm/canary {w}\\n'.encode())\n"
@@ -161,7 +162,7 @@ class Traffic:
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
 
-    def one(self) -> str:
+    def _one(self) -> str:
         try:
             model = _get(f"{self.url}/v1/models", timeout=5)["data"][0]["id"]
         except (OSError, ValueError, KeyError, IndexError):
@@ -170,7 +171,7 @@ class Traffic:
 
     def _loop(self) -> None:
         while not self.stop.is_set():
-            self.log.append((time.time(), self.one()))
+            self.log.append((time.time(), self._one()))
 
     def since(self, t: float) -> list[str]:
         return [who for at, who in list(self.log) if at >= t]
@@ -181,8 +182,11 @@ class Traffic:
 
 
 def _share(traffic: Traffic) -> float:
-    """The canary's share (percent) over REQUESTS_PER_STEP requests sent now; none may be lost."""
-    answers = [traffic.one() for _ in range(REQUESTS_PER_STEP)]
+    """The canary's share (percent) over the next REQUESTS_PER_STEP requests of the one client (a second client
+    interleaving with it would sample HAProxy's round robin unevenly); none may be lost."""
+    t = time.time()
+    _wait("requests through haproxy", lambda: len(traffic.since(t)) >= REQUESTS_PER_STEP, timeout=60)
+    answers = traffic.since(t)[:REQUESTS_PER_STEP]
     assert set(answers) <= {"stable", "canary"}, answers
     return 100.0 * answers.count("canary") / len(answers)
 
@@ -208,7 +212,7 @@ def test_rollout_through_haproxy_with_a_prometheus_gate(mreg: Any, router: Route
 
     def start() -> str:
         ok(mreg("rollout", "start", "m@2", "--steps", "10,50,100", "--interval", "30s", "--gate", gate,
-                "--apply", router.apply_command(log), "--json"))
+                "--apply", router.apply_command(log), "--apply-target", "haproxy", "--json"))
         canary_gguf: str = ok(mreg("resolve", "m@production-canary", "--format", "gguf", "--json"))["path"]
         router.engine("canary", canary_gguf)
         return canary_gguf
