@@ -229,7 +229,13 @@ def promote(store: Store, ref: str, *, alias: str = "production", expect: int | 
     configured_hooks, configured = hooks.model_policy(policy or {}, r.name)
     merged = hooks.merge(configured_hooks, reload_cmd=reload_cmd, reload_url=reload_url, ready_url=ready_url,
                          ready_cmd=ready_cmd, ready_timeout_s=ready_timeout_s)
-    return hooks.promote_with_hooks(store, r.name, store.resolve(r), merged, alias=alias, expect=expect,
+    version = store.resolve(r)
+    if force:  # an alias under a staged rollout: --force aborts the rollout first
+        from registry.release.rollout import abort_for
+
+        hooks.check(merged)  # nothing is aborted for a promotion whose settings could only fail
+        abort_for(store, r.name, alias, "promote")
+    return hooks.promote_with_hooks(store, r.name, version, merged, alias=alias, expect=expect,
                                     reason=reason, force=force, require=(*configured, *require), trust=trust)
 
 
@@ -239,7 +245,11 @@ def rollback(store: Store, name: str, *, alias: str = "production", to: int | No
     An alias under a staged rollout is refused (exit 5) unless `force`, which aborts the rollout first."""
     from registry.release.aliases import rollback as run
 
-    return run(store, name, alias=alias, to=to, expect=expect, reason=reason, force=force)
+    if force:
+        from registry.release.rollout import abort_for
+
+        abort_for(store, name, alias, "rollback")
+    return run(store, name, alias=alias, to=to, expect=expect, reason=reason)
 
 
 def rollout_start(store: Store, ref: str, *, alias: str = "production", steps: str | Sequence[int] | None = None,

@@ -51,7 +51,7 @@ def promote(
             f"{name}@{version.number} may not be promoted: {'; '.join(problems)}",
             hint="fix the version, or pass --force to promote anyway",
         )
-    under_rollout(store, name, alias, force, "promote")
+    under_rollout(store, name, alias, "promote")
 
     def decide(current: int | None, _history: HistoryLoader) -> HistoryEntry | None:
         _check_expect(name, alias, current, expect)
@@ -88,14 +88,13 @@ def rollback(
     to: int | None = None,
     expect: int | str | None = "",
     reason: str | None = None,
-    force: bool = False,
 ) -> AliasChange:
     """Return `alias` to the version it pointed at before (or to `to`), from the history."""
     check_name(name)
     check_alias(alias)
     if to is not None and (isinstance(to, bool) or not isinstance(to, int) or to < 1):
         raise UsageError(f"bad rollback target {to!r}: not a version number", hint="versions are numbered from 1")
-    under_rollout(store, name, alias, force, "rollback")
+    under_rollout(store, name, alias, "rollback")
 
     def decide(current: int | None, history: HistoryLoader) -> HistoryEntry | None:
         if current is None:
@@ -123,19 +122,16 @@ def rollback(
     return AliasChange(name, alias, current, entry.to_version, True, "rollback")
 
 
-def under_rollout(store: Store, name: str, alias: str, force: bool, what: str) -> None:
-    """Refuse to move an alias under a staged rollout (exit 5); with `force`, abort the rollout first."""
+def under_rollout(store: Store, name: str, alias: str, what: str) -> None:
+    """Refuse to move an alias under a staged rollout (exit 5): `api.promote` and `api.rollback` with `force`
+    abort the rollout first (`registry.release.rollout.abort_for`)."""
     rec = store.rollout(name, alias)
     if rec is None or rec.state not in ("running", "paused"):
         return
-    if not force:
-        raise Conflict(f"{name} {alias} is under a staged rollout of {rec.canary} ({rec.state}, at {rec.weight}%); "
-                       f"{what} refused, nothing changed",
-                       hint=f"abort it first (`mreg rollout abort {name} --alias {alias}`), or pass --force, which "
-                            "aborts it")
-    from registry.release.rollout import abort
-
-    abort(store, name, alias, f"aborted by {what} --force")
+    raise Conflict(f"{name} {alias} is under a staged rollout of {rec.canary} ({rec.state}, at {rec.weight}%); "
+                   f"{what} refused, nothing changed",
+                   hint=f"abort it first (`mreg rollout abort {name} --alias {alias}`), or pass --force, which "
+                        "aborts it")
 
 
 def _check_expect(name: str, alias: str, current: int | None, expect: int | str | None) -> None:

@@ -396,6 +396,14 @@ def abort(store: Store, name: str, alias: str = "production", reason: str | None
     return _finish_apply(store, aborted, ())
 
 
+def abort_for(store: Store, name: str, alias: str, what: str) -> Outcome | None:
+    """`promote --force` / `rollback --force` of an alias under a rollout: abort the rollout first (None: none)."""
+    rec = store.rollout(name, alias)
+    if rec is None or rec.state not in ACTIVE:
+        return None
+    return abort(store, name, alias, f"aborted by {what} --force")
+
+
 def run(store: Store, name: str, alias: str = "production", *, probing: Probing | None = None,
         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
         on_step: Callable[[Outcome], None] | None = None) -> Outcome:
