@@ -9,6 +9,7 @@ Store::
       caches/<format>/…                  what converters keep to speed up rebuilds (TensorRT timing caches)
       caches/oci-image/ab/ab12….json     the digest of a file's tar layer (`push --as-image`), per blob and path
       gc.lock                            publishers hold it shared, gc exclusive
+      events/undelivered.jsonl           alias-change events a URL did not take (S3: events/undelivered/<id>.json)
       locks/convert-<name>-<key>.lock    one conversion at a time per key: a second run waits, then reuses
       models/<name>/
         versions/<n>/manifest.json       written last: its presence means the version is complete
@@ -50,6 +51,8 @@ BLOB_ALGO = "sha256"
 TMP = "tmp"
 CACHES = "caches"
 GC_LOCK = "gc.lock"
+EVENTS = "events"
+UNDELIVERED = "undelivered"
 MODELS = "models"
 VERSIONS = "versions"
 MANIFEST = "manifest.json"
@@ -92,6 +95,16 @@ def blob_path(root: Path, sha256: str) -> Path:
 def blobs_dir(root: Path) -> Path:
     """Directory holding every blob."""
     return root / BLOBS / BLOB_ALGO
+
+
+def undelivered_log(root: Path) -> Path:
+    """Alias-change events no URL took, one JSON line each (the event, the URL, why), kept for a resend."""
+    return root / EVENTS / f"{UNDELIVERED}.jsonl"
+
+
+def s3_undelivered(event_id: str, url_digest: str) -> tuple[str, ...]:
+    """One alias-change event a URL did not take, in an S3 store."""
+    return (EVENTS, UNDELIVERED, f"{event_id}-{url_digest[:12]}.json")
 
 
 def tmp_dir(root: Path) -> Path:

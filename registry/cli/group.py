@@ -48,7 +48,7 @@ class MregGroup(click.Group):
             for notifier in ctx.meta.get(EVENTS_KEY, []):  # the changes are committed: only a warning remains
                 for d in notifier.wait():
                     Output(False).warn(f"alias-change event not delivered to {d.url} after {d.tries} tries: "
-                                       f"{d.detail}")
+                                       f"{d.detail}" + (f"; kept in {d.kept}" if d.kept else ""))
 
     def _invoke(self, ctx: click.Context) -> Any:
         try:

@@ -116,7 +116,7 @@ def _announcing(store: S, settings: Settings) -> S:
     """The store, with the config file's `[events]` URLs told of every alias change it commits."""
     from registry.release.events import notifier
 
-    n = notifier(settings.raw, store.location)
+    n = notifier(settings.raw, store.location, store.keep_undelivered)
     if n is not None:
         store.listeners.append(n)
         click.get_current_context().meta.setdefault(EVENTS_KEY, []).append(n)

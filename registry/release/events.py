@@ -7,8 +7,8 @@
     tries = 3             # optional, 1 to 10
 
 An event is sent after its change is committed, from a thread, with a bounded number of tries and backoff; a
-delivery that fails never blocks or undoes the change. Failed deliveries are kept on the notifier and shown by the
-CLI as warnings.
+delivery that fails never blocks or undoes the change. An event no try delivered is kept in the store
+(`events/undelivered.jsonl`; on S3 `events/undelivered/<id>.json`) and the CLI warns, naming where.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,8 @@ class Delivery:
     delivered: bool
     tries: int
     detail: str = ""
+    #: Where an event no try delivered was kept (the store's undelivered events), or why it could not be.
+    kept: str = ""
 
 
 @dataclass
@@ -55,6 +58,8 @@ class Notifier:
     tries: int = 3
     backoff_s: float = 0.5
     timeout_s: float = 5.0
+    #: Keeps an event that no try delivered (the store's `keep_undelivered`).
+    keep: Callable[[dict[str, Any]], str] | None = None
     deliveries: list[Delivery] = field(default_factory=list)
     _threads: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -64,7 +69,7 @@ class Notifier:
         event = cloudevent(self.location, name, entry)
         body = json.dumps(event).encode()
         for url in self.urls:
-            t = threading.Thread(target=self._deliver, args=(url, event["id"], body), daemon=True)
+            t = threading.Thread(target=self._deliver, args=(url, event, body), daemon=True)
             t.start()
             self._threads.append(t)
 
@@ -82,7 +87,8 @@ class Notifier:
                                                                  f"{timeout_s:g}s ({len(done)} finished)"))
         return failed
 
-    def _deliver(self, url: str, event_id: str, body: bytes) -> None:
+    def _deliver(self, url: str, event: dict[str, Any], body: bytes) -> None:
+        event_id = str(event["id"])
         headers = {"Content-Type": "application/cloudevents+json; charset=utf-8"}
         if self.secret:
             digest = hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
@@ -95,7 +101,15 @@ class Notifier:
                 return
             if attempt < self.tries:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
-        self._record(Delivery(url, event_id, False, self.tries, detail))
+        kept = ""
+        if self.keep is not None:
+            try:
+                with self._lock:
+                    kept = self.keep({"id": event_id, "url": url, "tries": self.tries, "detail": detail,
+                                      "at": time.time(), "event": event})
+            except Exception as e:  # noqa: BLE001 - the change stands; say that the record could not be kept
+                kept = f"(not kept: {type(e).__name__}: {e})"
+        self._record(Delivery(url, event_id, False, self.tries, detail, kept))
 
     def _record(self, d: Delivery) -> None:
         with self._lock:
@@ -128,7 +142,8 @@ def cloudevent(location: str, name: str, entry: HistoryEntry) -> dict[str, Any]:
     }
 
 
-def notifier(raw: dict[str, Any], location: str) -> Notifier | None:
+def notifier(raw: dict[str, Any], location: str, keep: Callable[[dict[str, Any]], str] | None = None
+             ) -> Notifier | None:
     """The config file's `[events]` table as a Notifier (None without URLs); a UsageError for a bad setting."""
     table = raw.get("events")
     if table is None:
@@ -150,4 +165,4 @@ def notifier(raw: dict[str, Any], location: str) -> Notifier | None:
     tries = table.get("tries", 3)
     if isinstance(tries, bool) or not isinstance(tries, int) or not 1 <= tries <= MAX_TRIES:
         raise UsageError(f"[events] tries must be a whole number from 1 to {MAX_TRIES}", hint=hint)
-    return Notifier(checked, location, secret, tries) if checked else None
+    return Notifier(checked, location, secret, tries, keep=keep) if checked else None

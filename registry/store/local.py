@@ -338,6 +338,16 @@ class LocalStore:
             tell(self.listeners, name, change.entry)
         return current, before, change
 
+    def keep_undelivered(self, record: dict[str, object]) -> str:
+        """Append the undelivered event to `events/undelivered.jsonl` (one line each, appended whole)."""
+        import json
+
+        path = layout.undelivered_log(self.root)
+        path.parent.mkdir(exist_ok=True)
+        atomic.require_no_link(self.root, path, "the undelivered events")
+        atomic.append_line(path, json.dumps(record, sort_keys=True, default=str))
+        return str(path)
+
     def point_alias(self, name: str, alias: str, number: int) -> None:
         """Point a rollout's canary alias at a version (a symlink flip, under the model's lock)."""
         with self.alias_lock(name):

@@ -85,6 +85,9 @@ class Store(Protocol):
     def drop_alias(self, name: str, alias: str) -> None:
         """Remove a derived alias (absent is fine)."""
 
+    def keep_undelivered(self, record: dict[str, object]) -> str:
+        """Keep an alias-change event that a URL did not take (for a resend); returns where it was kept."""
+
     def is_store(self) -> bool:
         """Whether there is a store at this location (a local directory that exists; S3: always, errors say)."""
 

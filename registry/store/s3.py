@@ -243,6 +243,13 @@ class S3Store(Bucket):
             tell(self.listeners, name, change.entry)
         return current, before, change
 
+    def keep_undelivered(self, record: dict[str, object]) -> str:
+        """Write the undelivered event as its own object (no append on S3)."""
+        url_digest = hashlib.sha256(str(record.get("url", "")).encode()).hexdigest()
+        key = self.key(*layout.s3_undelivered(str(record.get("id", uuid.uuid4().hex)), url_digest))
+        self.put(key, json.dumps(record, sort_keys=True, default=str).encode())
+        return self.url(key)
+
     def point_alias(self, name: str, alias: str, number: int) -> None:
         """Write a rollout's canary alias record (its history stays in the main alias's record)."""
         rec, etag = self.alias_record(name, alias)

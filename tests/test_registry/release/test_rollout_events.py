@@ -87,6 +87,12 @@ def test_failed_delivery_never_blocks_the_change(mreg: Any, model_dir: Path, tmp
     assert r.exit_code == 0 and r.json["to"] == 1
     assert (store_root / "models/m/production").is_symlink()
     assert "warning: alias-change event not delivered to http://127.0.0.1:9/events after 2 tries" in r.stderr
+    kept = store_root / "events/undelivered.jsonl"
+    assert f"kept in {kept}" in r.stderr
+    (line,) = kept.read_text().splitlines()
+    record = json.loads(line)
+    assert record["url"] == "http://127.0.0.1:9/events" and record["tries"] == 2
+    assert record["event"]["data"]["action"] == "promote" and record["event"]["type"] == "dev.mreg.alias.changed"
 
 
 @pytest.mark.parametrize(("table", "needle"), [

@@ -74,7 +74,11 @@ def test_s3_rollout_to_done_and_abort(mreg: Any, remote: str, s3server: SeaweedS
     aborted = ok(mreg("rollout", "abort", "m", "-m", "bad answers", *st, "--json"))["rollout"]
     assert (aborted["state"], aborted["weight"]) == ("aborted", 0)
     assert ok(mreg("resolve", "m@production", *st, "--json"))["version"] == 2
-    assert ok(mreg("rollback", "m", *st, "--json"))["to"] == 1
+    config = tmp_path / "mreg.toml"  # an events URL that takes nothing: the event is kept in the bucket
+    config.write_text('[events]\nurls = ["http://127.0.0.1:9/events"]\ntries = 1\n')
+    r = mreg("rollback", "m", *st, "--config", str(config), "--json")
+    assert r.exit_code == 0 and r.json["to"] == 1
+    assert f"kept in s3://{BUCKET}/" in r.stderr and "/events/undelivered/" in r.stderr, r.stderr
     assert ok(mreg("rollout", "status", "m", *st, "--json"))["rollout"]["state"] == "aborted"
 
 
