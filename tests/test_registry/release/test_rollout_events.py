@@ -68,6 +68,7 @@ def test_every_alias_change_is_an_event(mreg: Any, model_dir: Path, tmp_path: Pa
         expected = hmac.new(b"s3cret", body, hashlib.sha256).hexdigest()
         assert headers["X-Mreg-Signature"] == f"sha256={expected}"
         docs.append(json.loads(body))
+    docs.sort(key=lambda d: d["time"])  # each delivery runs in its own thread: they may arrive out of order
     assert [(d["data"]["action"], d["data"]["from"], d["data"]["to"], d["data"]["weight"]) for d in docs] == [
         ("promote", None, 1, None), ("rollout-start", 1, 1, 0), ("rollout-step", 1, 1, 50),
         ("rollout-done", 1, 2, 100), ("rollback", 2, 1, None)]

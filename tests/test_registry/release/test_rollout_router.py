@@ -29,7 +29,10 @@ from support.cli import ok
 
 INSTALL = "apt-get install -y --no-install-recommends haproxy prometheus"
 REQUIRE_ENV = "MREG_REQUIRE_ROUTER"
-REQUESTS_PER_STEP = 200
+REQUESTS_PER_STEP = 400
+#: HAProxy's weighted round robin keeps each server's place in its schedule across a weight change: the first
+#: requests after one can lean to a server. The share is measured after these.
+SETTLE = 200
 #: The measured share may miss the weight by this many points (HAProxy's weighted round robin is exact over a
 #: multiple of the weights' sum; a health check or a retry can shift a request or two).
 TOLERANCE = 4.0
@@ -182,11 +185,11 @@ class Traffic:
 
 
 def _share(traffic: Traffic) -> float:
-    """The canary's share (percent) over the next REQUESTS_PER_STEP requests of the one client (a second client
-    interleaving with it would sample HAProxy's round robin unevenly); none may be lost."""
+    """The canary's share (percent) over REQUESTS_PER_STEP requests of the one client (a second client interleaving
+    with it would sample HAProxy's round robin unevenly), after SETTLE more; none may be lost."""
     t = time.time()
-    _wait("requests through haproxy", lambda: len(traffic.since(t)) >= REQUESTS_PER_STEP, timeout=60)
-    answers = traffic.since(t)[:REQUESTS_PER_STEP]
+    _wait("requests through haproxy", lambda: len(traffic.since(t)) >= SETTLE + REQUESTS_PER_STEP, timeout=60)
+    answers = traffic.since(t)[SETTLE:SETTLE + REQUESTS_PER_STEP]
     assert set(answers) <= {"stable", "canary"}, answers
     return 100.0 * answers.count("canary") / len(answers)
 
@@ -210,17 +213,22 @@ def test_rollout_through_haproxy_with_a_prometheus_gate(mreg: Any, router: Route
     gate = (f'prom:{router.prom}|haproxy_server_status{{proxy="llm",server="canary",state="DOWN"}}|<1|for=1s')
     figures: dict[str, Any] = {"shares": {}}
 
+    down = "haproxy_server_status{proxy=%22llm%22,server=%22canary%22,state=%22DOWN%22}"
+
+    def canary_up() -> bool:
+        result = _get(f"{router.prom}/api/v1/query?query={down}")["data"]["result"]
+        return bool(result) and result[0]["value"][1] == "0"
+
     def start() -> str:
         ok(mreg("rollout", "start", "m@2", "--steps", "10,50,100", "--interval", "30s", "--gate", gate,
                 "--apply", router.apply_command(log), "--apply-target", "haproxy", "--json"))
         canary_gguf: str = ok(mreg("resolve", "m@production-canary", "--format", "gguf", "--json"))["path"]
         router.engine("canary", canary_gguf)
+        _wait("prometheus seeing the canary up", canary_up, timeout=30)  # HAProxy's check, then a scrape
         return canary_gguf
 
     canary_gguf = start()
     servers = {stable_gguf: "stable", canary_gguf: "canary"}
-    _wait("prometheus scraping haproxy", lambda: _get(f"{router.prom}/api/v1/query?query=haproxy_server_status")[
-        "data"]["result"], timeout=30)
     traffic = Traffic(router.url, servers)
     try:
         # 1. a canary that dies at 10 %: the Prometheus gate aborts the rollout by itself, `run` exits 10
@@ -257,9 +265,6 @@ def test_rollout_through_haproxy_with_a_prometheus_gate(mreg: Any, router: Route
         # 2. the same version again, healthy this time: every step measured, nothing lost, the alias flips
         router.kill("llama-canary")
         start()
-        down = "haproxy_server_status{proxy=%22llm%22,server=%22canary%22,state=%22DOWN%22}"
-        _wait("prometheus seeing the new canary up", lambda: _get(f"{router.prom}/api/v1/query?query={down}")[
-            "data"]["result"][0]["value"][1] == "0", timeout=30)
         lost_at: dict[str, int] = {}
         for weight in (10, 50, 100):
             t_step = time.time()
