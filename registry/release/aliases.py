@@ -54,6 +54,7 @@ def promote(
     under_rollout(store, name, alias, "promote")
 
     def decide(current: int | None, _history: HistoryLoader) -> HistoryEntry | None:
+        under_rollout(store, name, alias, "promote")  # again under the lock: a rollout started meanwhile
         _check_expect(name, alias, current, expect)
         if current == version.number:
             return None
@@ -99,6 +100,7 @@ def rollback(
     def decide(current: int | None, history: HistoryLoader) -> HistoryEntry | None:
         if current is None:
             raise NotFound(f"{name} has no alias {alias}", hint=f"run `mreg promote {name}@VERSION --alias {alias}`")
+        under_rollout(store, name, alias, "rollback")  # again under the lock: a rollout started meanwhile
         _check_expect(name, alias, current, expect)
         target = to
         if target is None:
