@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from manifests.checks import Baseline, CheckRecord, GoldenCase
-from manifests.models import AliasRecord, EngineRecord, HistoryEntry, Manifest, PullRecord
+from manifests.models import AliasRecord, EngineRecord, HistoryEntry, Manifest, PullRecord, RolloutRecord
 from manifests.signatures import SignatureRecord
 
 SCHEMA_DIR = Path(__file__).parent / "schema"
@@ -23,6 +23,7 @@ RECORDS: dict[str, type[BaseModel]] = {
     "golden_case": GoldenCase,
     "engine_record": EngineRecord,
     "signature_record": SignatureRecord,
+    "rollout_record": RolloutRecord,
 }
 
 

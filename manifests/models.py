@@ -326,18 +326,75 @@ class Manifest(_Record):
     created: Provenance
 
 
+class GateResult(_Record):
+    """One gate evaluated before a rollout step: the gate as given, whether it held, and the value it saw."""
+
+    gate: str
+    passed: bool
+    value: float | None = None
+    detail: str = ""
+
+
+class RolloutStep(_Record):
+    """What a rollout entry of the history records: the two versions, the canary's weight, the gates' values."""
+
+    stable: int
+    canary: int
+    weight: int = Field(ge=0, le=100)
+    step: int = Field(ge=-1)
+    gates: tuple[GateResult, ...] = ()
+
+
+#: The actions of a staged rollout, recorded on the main alias (whose target they leave as it is, but the last).
+ROLLOUT_ACTIONS = ("rollout-start", "rollout-step", "rollout-pause", "rollout-resume", "rollout-abort",
+                   "rollout-done")
+
+
 class HistoryEntry(_Record):
-    """One alias change, appended to `history.jsonl`."""
+    """One alias change, appended to `history.jsonl`; a rollout's steps carry `rollout` (an older entry has none)."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
     alias: str
-    action: Literal["promote", "rollback", "repair", "sync"]
+    action: Literal["promote", "rollback", "repair", "sync", "rollout-start", "rollout-step", "rollout-pause",
+                    "rollout-resume", "rollout-abort", "rollout-done"]
     from_version: int | None = Field(alias="from")
     to_version: int = Field(alias="to")
     reason: str | None = None
     by: Provenance
+    #: Left out when None: an entry that is no rollout step is written as before, so an older mreg still reads it.
+    rollout: RolloutStep | None = Field(default=None, exclude_if=lambda v: v is None)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+
+class RolloutRecord(_Record):
+    """The staged rollout of one alias: the canary's weight is the commit, changed by compare-and-swap.
+
+    Kept after it ends (`done`, `aborted`) until the next rollout of the alias, so that an apply that a crash cut
+    short can be run again for the recorded weight.
+    """
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str
+    alias: str
+    stable: int = Field(ge=1)
+    canary: int = Field(ge=1)
+    steps: tuple[int, ...]
+    #: Index in `steps` of the weight in force; -1 before the first step (weight 0).
+    step: int = Field(ge=-1)
+    weight: int = Field(ge=0, le=100)
+    state: Literal["running", "paused", "done", "aborted"]
+    #: Whether the apply command ran to success for this weight (False: a crash or a failure cut it short).
+    applied: bool = False
+    interval_s: float = Field(ge=0)
+    gates: tuple[str, ...] = ()
+    apply: str | None = None
+    #: What the apply command reads on its standard input: a `rollout render` target (None: the JSON state).
+    apply_target: str | None = None
+    reason: str | None = None
+    started: Provenance
+    changed: Provenance
 
 
 class PullRecord(_Record):
@@ -363,3 +420,6 @@ class AliasRecord(_Record):
     version: int
     manifest_sha256: Sha256
     history: tuple[HistoryEntry, ...] = ()
+    #: The alias's staged rollout (S3: in the alias's own record, so that a step and its entry are one write).
+    rollout: RolloutRecord | None = Field(default=None, exclude_if=lambda v: v is None)
+

@@ -29,7 +29,7 @@ from registry.refs import Ref, check_alias, check_name, is_name, parse_ref
 if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     import threading
 
-    from manifests import CheckRecord, HistoryEntry, SignatureRecord
+    from manifests import CheckRecord, HistoryEntry, RolloutRecord, SignatureRecord
     from registry.cache import Snapshot
     from registry.convert.execute import ConversionOutcome
     from registry.convert.once import Waiting
@@ -39,6 +39,8 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.oci.transfer import OciPushOutcome, OciSyncOutcome
     from registry.release.aliases import AliasChange
     from registry.release.hooks import HookedPromotion
+    from registry.release.probes import Probing
+    from registry.release.rollout import Outcome as RolloutOutcome
     from registry.serving.memory import MemoryPlan
     from registry.store.gc import GCPlan
     from registry.store.local import LocalStore
@@ -270,7 +272,13 @@ def promote(store: Store, ref: str, *, alias: str = "production", expect: int | 
     configured_hooks, configured = hooks.model_policy(policy or {}, r.name)
     merged = hooks.merge(configured_hooks, reload_cmd=reload_cmd, reload_url=reload_url, ready_url=ready_url,
                          ready_cmd=ready_cmd, ready_timeout_s=ready_timeout_s)
-    return hooks.promote_with_hooks(store, r.name, store.resolve(r), merged, alias=alias, expect=expect,
+    version = store.resolve(r)
+    if force:  # an alias under a staged rollout: --force aborts the rollout first
+        from registry.release.rollout import abort_for
+
+        hooks.check(merged)  # nothing is aborted for a promotion whose settings could only fail
+        abort_for(store, r.name, alias, "promote")
+    return hooks.promote_with_hooks(store, r.name, version, merged, alias=alias, expect=expect,
                                     reason=reason, force=force, require=(*configured, *require), trust=trust)
 
 
@@ -288,11 +296,106 @@ def aliases_at(store: Store, name: str, at: str | dt.datetime) -> dict[str, Hist
 
 
 def rollback(store: Store, name: str, *, alias: str = "production", to: int | None = None,
-             expect: int | str | None = "", reason: str | None = None) -> AliasChange:
-    """Move an alias back to where it pointed before (or to `to`); successive rollbacks walk further back."""
+             expect: int | str | None = "", reason: str | None = None, force: bool = False) -> AliasChange:
+    """Move an alias back to where it pointed before (or to `to`); successive rollbacks walk further back.
+    An alias under a staged rollout is refused (exit 5) unless `force`, which aborts the rollout first."""
     from registry.release.aliases import rollback as run
 
+    if force:
+        from registry.release.rollout import abort_for
+
+        abort_for(store, name, alias, "rollback")
     return run(store, name, alias=alias, to=to, expect=expect, reason=reason)
+
+
+def rollout_start(store: Store, ref: str, *, alias: str = "production", steps: str | Sequence[int] | None = None,
+                  interval: str | float | None = None, gates: Sequence[str] = (), apply: str | None = None,
+                  apply_target: str | None = None, expect: int | str | None = "", reason: str | None = None,
+                  require: Sequence[str] = (),
+                  force: bool = False, policy: dict[str, Any] | None = None,
+                  trust: TrustPolicy | None = None) -> RolloutOutcome:
+    """Start a staged rollout of the version `ref` names against the version `alias` points at now.
+
+    `policy` is the config file's contents: `[models.NAME.rollout]` may give steps, interval, gates, apply and
+    apply_target (arguments override them; gates add to them) and `[models.NAME]` require adds requirements.
+    Everything is checked before anything is written; the canary alias `<alias>-canary` then leads to the version.
+    """
+    from registry.release import hooks, rollout
+    from registry.store.trust import policy_for
+
+    r = parse_ref(ref)
+    if trust is None:
+        trust = policy_for(policy or {}, r.name, Path.cwd())
+    _hooks, configured = hooks.model_policy(policy or {}, r.name)
+    conf = rollout.configured(policy or {}, r.name)
+    chosen = steps if steps is not None else conf.get("steps")
+    if chosen is None:
+        raise UsageError("no --steps given", hint="e.g. --steps 5,25,50,100, or steps = [5, 25, 100] under "
+                                                  f"[models.{r.name}.rollout] in the config file")
+    p = rollout.plan(chosen, interval if interval is not None else conf.get("interval", 0.0),
+                     (*conf.get("gates", ()), *gates), apply if apply is not None else conf.get("apply"),
+                     apply_target if apply_target is not None else conf.get("apply_target"))
+    return rollout.start(store, r.name, store.resolve(r), p, alias=alias, expect=expect, reason=reason,
+                         require=(*configured, *require), trust=trust, force=force)
+
+
+def rollout_status(store: Store, name: str, *, alias: str = "production") -> RolloutRecord | None:
+    """The alias's rollout record (running, paused, or the last one that ended); None when it never had one."""
+    from registry.release import rollout
+
+    return rollout.status(store, name, alias)
+
+
+def rollout_advance(store: Store, name: str, *, alias: str = "production", reason: str | None = None,
+                    probing: Probing | None = None) -> RolloutOutcome:
+    """The next step now, its gates checked first (a failing gate aborts: RolloutAborted, exit 10)."""
+    from registry.release import rollout
+
+    return rollout.advance(store, name, alias, probing=probing, reason=reason)
+
+
+def rollout_pause(store: Store, name: str, *, alias: str = "production", reason: str | None = None
+                  ) -> RolloutOutcome:
+    """Hold a rollout at its weight."""
+    from registry.release import rollout
+
+    return rollout.pause(store, name, alias, reason)
+
+
+def rollout_resume(store: Store, name: str, *, alias: str = "production", reason: str | None = None
+                   ) -> RolloutOutcome:
+    """Let a paused rollout go on."""
+    from registry.release import rollout
+
+    return rollout.resume(store, name, alias, reason)
+
+
+def rollout_abort(store: Store, name: str, *, alias: str = "production", reason: str | None = None
+                  ) -> RolloutOutcome:
+    """The canary's weight back to 0 and the canary alias removed; the stable alias untouched."""
+    from registry.release import rollout
+
+    return rollout.abort(store, name, alias, reason)
+
+
+def rollout_run(store: Store, name: str, *, alias: str = "production", probing: Probing | None = None,
+                on_step: Callable[[RolloutOutcome], None] | None = None) -> RolloutOutcome:
+    """Drive every remaining step until the alias flips or a gate fails (RolloutAborted, exit 10)."""
+    from registry.release import rollout
+
+    return rollout.run(store, name, alias, probing=probing, on_step=on_step)
+
+
+def rollout_render(store: Store, name: str, target: str, *, alias: str = "production", port: int = 8080,
+                   stable_addr: str = "stable:8080", canary_addr: str = "canary:8080"
+                   ) -> str | list[dict[str, Any]] | dict[str, Any]:
+    """What router `target` needs for the rollout's current step (Kubernetes resources, a document, or text)."""
+    from registry.release import rollout, routers
+
+    rec = rollout.status(store, name, alias)
+    if rec is None:
+        raise NotFound(f"{name} {alias} has no rollout", hint=f"start one with `mreg rollout start {name}@VERSION`")
+    return routers.render(store, rec, target, port=port, stable_addr=stable_addr, canary_addr=canary_addr)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ Store::
       caches/<format>/…                  what converters keep to speed up rebuilds (TensorRT timing caches)
       caches/oci-image/ab/ab12….json     the digest of a file's tar layer (`push --as-image`), per blob and path
       gc.lock                            publishers hold it shared, gc exclusive
+      events/undelivered.jsonl           alias-change events a URL did not take (S3: events/undelivered/<id>.json)
       locks/convert-<name>-<key>.lock    guards the lease beside it (held for a few ms per read or write)
       locks/convert-<name>-<key>.lease   the conversion lease: owner and expiry, renewed while the work runs;
                                          a second run waits for the version, or takes over once it expires
@@ -24,6 +25,8 @@ Store::
     models/<name>/baselines/<golden>.json                   expected outputs of a golden set
     models/<name>/signatures/<n>/<time>-<key id[:12]>.json  signature records (append-only, beside the version;
                                                             the same keys in an S3 store)
+    models/<name>/rollouts/<alias>.json                      a staged rollout of the alias (RolloutRecord); on S3
+                                                            it is the `rollout` field of the alias record itself
 
 S3 store (`s3://bucket/prefix/`): the same `blobs/` and `models/<name>/versions/<n>/manifest.json`,
 plus `models/<name>/aliases/<alias>.json` (an alias record with its history),
@@ -52,6 +55,8 @@ BLOB_ALGO = "sha256"
 TMP = "tmp"
 CACHES = "caches"
 GC_LOCK = "gc.lock"
+EVENTS = "events"
+UNDELIVERED = "undelivered"
 MODELS = "models"
 VERSIONS = "versions"
 MANIFEST = "manifest.json"
@@ -63,6 +68,9 @@ LOCKS = "locks"
 CHECKS = "checks"
 SIGNATURES = "signatures"
 BASELINES = "baselines"
+ROLLOUTS = "rollouts"
+#: The second alias a staged rollout adds: `production-canary` leads to the new version while `production` stays.
+CANARY_SUFFIX = "-canary"
 
 S3_ALIASES = "aliases"
 S3_KEYS = "keys"
@@ -79,9 +87,9 @@ CACHE_REFS = "refs"
 NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 ALIAS_RE = re.compile(r"\A[a-z][a-z0-9_-]{0,63}\Z")
 #: Names under models/<name>/ that are not aliases (and "history", the log's stem, and "tmp", for readability).
-RESERVED_ALIASES = frozenset({VERSIONS, CHECKS, BASELINES, SIGNATURES, HISTORY.split(".")[0], TMP})
+RESERVED_ALIASES = frozenset({VERSIONS, CHECKS, BASELINES, SIGNATURES, ROLLOUTS, HISTORY.split(".")[0], TMP})
 #: What mreg keeps in models/<name>/ besides aliases (and its own hidden temp names): directories, then files.
-MODEL_DIRS = frozenset({VERSIONS, CHECKS, BASELINES, SIGNATURES})
+MODEL_DIRS = frozenset({VERSIONS, CHECKS, BASELINES, SIGNATURES, ROLLOUTS})
 MODEL_FILES = frozenset({HISTORY, ALIAS_LOCK})
 
 
@@ -93,6 +101,16 @@ def blob_path(root: Path, sha256: str) -> Path:
 def blobs_dir(root: Path) -> Path:
     """Directory holding every blob."""
     return root / BLOBS / BLOB_ALGO
+
+
+def undelivered_log(root: Path) -> Path:
+    """Alias-change events no URL took, one JSON line each (the event, the URL, why), kept for a resend."""
+    return root / EVENTS / f"{UNDELIVERED}.jsonl"
+
+
+def s3_undelivered(event_id: str, url_digest: str) -> tuple[str, ...]:
+    """One alias-change event a URL did not take, in an S3 store."""
+    return (EVENTS, UNDELIVERED, f"{event_id}-{url_digest[:12]}.json")
 
 
 def tmp_dir(root: Path) -> Path:
@@ -138,6 +156,16 @@ def version_dir(root: Path, name: str, version: int) -> Path:
 def alias_path(root: Path, name: str, alias: str) -> Path:
     """Path of an alias symlink."""
     return model_dir(root, name) / alias
+
+
+def rollout_path(root: Path, name: str, alias: str) -> Path:
+    """The rollout record of one alias (local store): replaced whole, under the model's alias lock."""
+    return model_dir(root, name) / ROLLOUTS / f"{alias}.json"
+
+
+def canary_alias(alias: str) -> str:
+    """The alias that leads to the canary version while `alias` is under a staged rollout."""
+    return alias + CANARY_SUFFIX
 
 
 def alias_target(version: int) -> str:

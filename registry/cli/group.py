@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from registry import __version__
-from registry.cli.options import JSON_KEY
+from registry.cli.options import EVENTS_KEY, JSON_KEY
 from registry.cli.render import Output
 from registry.errors import EXIT_CODES, MregError, PermissionDenied, UsageError
 
@@ -42,6 +42,15 @@ class MregGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; map MregError to one line, a hint and its exit code."""
+        try:
+            return self._invoke(ctx)
+        finally:
+            for notifier in ctx.meta.get(EVENTS_KEY, []):  # the changes are committed: only a warning remains
+                for d in notifier.wait():
+                    Output(False).warn(f"alias-change event not delivered to {d.url} after {d.tries} tries: "
+                                       f"{d.detail}" + (f"; kept in {d.kept}" if d.kept else ""))
+
+    def _invoke(self, ctx: click.Context) -> Any:
         try:
             try:
                 return super().invoke(ctx)

@@ -89,6 +89,8 @@ class FiniteNumber(_FloatParam):
 #: ctx.meta keys: options that the error boundary and the store factories read.
 JSON_KEY = "mreg.json"
 ENDPOINT_KEY = "mreg.endpoint_url"
+#: The alias-change notifiers this command's stores carry: the error boundary waits for them and warns.
+EVENTS_KEY = "mreg.events"
 
 
 def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
@@ -166,7 +168,7 @@ def _endpoint() -> str | None:
 
 def local_store(settings: Settings) -> LocalStore:
     """The store, which this command needs on the local filesystem."""
-    return api.open_local_store(settings.require_store())
+    return _announcing(api.open_local_store(settings.require_store()), settings)
 
 
 def s3_store(url: str) -> S3Store:
@@ -181,7 +183,21 @@ def store_at(location: str) -> Store:
 
 def any_store(settings: Settings) -> Store:
     """The store, local or S3."""
-    return api.open_store(settings.require_store(), endpoint_url=_endpoint())
+    return _announcing(api.open_store(settings.require_store(), endpoint_url=_endpoint()), settings)
+
+
+S = TypeVar("S", "LocalStore", "Store")
+
+
+def _announcing(store: S, settings: Settings) -> S:
+    """The store, with the config file's `[events]` URLs told of every alias change it commits."""
+    from registry.release.events import notifier
+
+    n = notifier(settings.raw, store.location, store.keep_undelivered)
+    if n is not None:
+        store.listeners.append(n)
+        click.get_current_context().meta.setdefault(EVENTS_KEY, []).append(n)
+    return store
 
 
 def progress_for(as_json: bool) -> BarProgress:

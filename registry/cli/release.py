@@ -49,7 +49,8 @@ def _change_text(c: AliasChange) -> str:
                    "gguf:kl=0.02,top1=0.9 GGUF quality within a budget), check[:GOLDEN] passed, `signature`: "
                    "a signature that verifies against the trust policy, or `loaded`: every artifact loaded and "
                    "run by its runtime (refuses a GGUF llama.cpp never loaded; gguf:loaded: the GGUF files only).")
-@click.option("--force", is_flag=True, help="Promote even when a gate refuses.")
+@click.option("--force", is_flag=True, help="Promote even when a gate refuses, or the alias is under a staged "
+                                            "rollout (aborted first).")
 @click.option("--reload", "reload_cmd", metavar="CMD", help="After the flip, run this (sh -c) so the engine reloads.")
 @click.option("--reload-url", metavar="URL", help="After the flip, POST to this URL (an engine's reload endpoint).")
 @click.option("--ready-url", metavar="URL", help="Then GET this until it answers 2xx.")
@@ -140,15 +141,21 @@ def mount_check_cmd(name: str, alias: str, mount_root: str | None, full: bool, c
 @click.option("--to", "to", metavar="VERSION", help="Go to this version instead of the previous one.")
 @click.option("--expect", metavar="VERSION", help="Only if the alias currently points here (else exit 5).")
 @click.option("-m", "--message", help="Why (recorded in the history).")
+@click.option("--force", is_flag=True, help="Roll back an alias under a staged rollout (aborts the rollout first).")
 @config_option
 @store_option
 @json_option
-def rollback_cmd(name: str, alias: str, to: str | None, expect: str | None, message: str | None,
+def rollback_cmd(name: str, alias: str, to: str | None, expect: str | None, message: str | None, force: bool,
              config_path: str | None, store: str | None, as_json: bool) -> None:
-    """Move an alias back to the version it pointed at before; repeat to walk further back."""
+    """Move an alias back to the version it pointed at before; repeat to walk further back.
+
+    An alias under a staged rollout (`mreg rollout`) is refused (exit 5) unless --force, which
+    aborts the rollout first.
+    """
     target = None if to is None else version_number(to, "--to")  # a usage error before the store is opened
     st = any_store(settings_for(config_path, store=store))
-    change = api.rollback(st, name, alias=alias, to=target, expect=parse_expect(expect), reason=message)
+    change = api.rollback(st, name, alias=alias, to=target, expect=parse_expect(expect), reason=message,
+                          force=force)
     Output(as_json).result(_change_doc(change), _change_text(change))
 
 

@@ -26,7 +26,7 @@ from registry.units import human_size
 from registry.web.documents import aliases_at_doc
 
 if TYPE_CHECKING:
-    from manifests import Artifact, BuildMachine
+    from manifests import Artifact, BuildMachine, HistoryEntry
     from registry.store.protocol import Store
     from registry.store.signatures import SignatureResult
     from registry.store.verify import VerifyReport
@@ -277,8 +277,19 @@ def history_cmd(name: str, alias: str | None, at: str | None, config_path: str |
     docs = [e.model_dump(mode="json", by_alias=True) for e in entries]
     Output(as_json).result({"name": name, "entries": docs}, lambda: table(
         [[e.by.at.isoformat()[:19], e.alias, e.action, str(e.from_version or "-"), str(e.to_version),
-          f"{e.by.user}@{e.by.host}", e.reason or ""] for e in entries],
+          f"{e.by.user}@{e.by.host}", _why(e)] for e in entries],
         ["WHEN", "ALIAS", "ACTION", "FROM", "TO", "BY", "WHY"]) if entries else "(no alias changes)")
+
+
+def _why(e: HistoryEntry) -> str:
+    """The reason, and for a rollout step the canary's weight and each gate's value."""
+    if e.rollout is None:
+        return e.reason or ""
+    r = e.rollout
+    gates = "; ".join(f"{g.gate} {'pass' if g.passed else 'FAIL'}" + (f" {g.value:g}" if g.value is not None else "")
+                      for g in r.gates)
+    return " ".join(x for x in (f"canary {r.canary} at {r.weight}%", f"[{gates}]" if gates else "", e.reason or "")
+                    if x)
 
 
 @click.command("resolve")

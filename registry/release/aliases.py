@@ -52,7 +52,10 @@ def promote(
             f"{name}@{version.number} may not be promoted: {'; '.join(problems)}",
             hint="fix the version, or pass --force to promote anyway",
         )
+    under_rollout(store, name, alias, "promote")
+
     def decide(current: int | None, _history: HistoryLoader) -> HistoryEntry | None:
+        under_rollout(store, name, alias, "promote")  # again under the lock: a rollout started meanwhile
         _check_expect(name, alias, current, expect)
         if current == version.number:
             return None
@@ -116,10 +119,12 @@ def rollback(
     check_alias(alias)
     if to is not None and (isinstance(to, bool) or not isinstance(to, int) or to < 1):
         raise UsageError(f"bad rollback target {to!r}: not a version number", hint="versions are numbered from 1")
+    under_rollout(store, name, alias, "rollback")
 
     def decide(current: int | None, history: HistoryLoader) -> HistoryEntry | None:
         if current is None:
             raise NotFound(f"{name} has no alias {alias}", hint=f"run `mreg promote {name}@VERSION --alias {alias}`")
+        under_rollout(store, name, alias, "rollback")  # again under the lock: a rollout started meanwhile
         _check_expect(name, alias, current, expect)
         target = to
         if target is None:
@@ -141,6 +146,18 @@ def rollback(
     if entry is None:
         return AliasChange(name, alias, current, current or 0, False, "rollback")
     return AliasChange(name, alias, current, entry.to_version, True, "rollback")
+
+
+def under_rollout(store: Store, name: str, alias: str, what: str) -> None:
+    """Refuse to move an alias under a staged rollout (exit 5): `api.promote` and `api.rollback` with `force`
+    abort the rollout first (`registry.release.rollout.abort_for`)."""
+    rec = store.rollout(name, alias)
+    if rec is None or rec.state not in ("running", "paused"):
+        return
+    raise Conflict(f"{name} {alias} is under a staged rollout of {rec.canary} ({rec.state}, at {rec.weight}%); "
+                   f"{what} refused, nothing changed",
+                   hint=f"abort it first (`mreg rollout abort {name} --alias {alias}`), or pass --force, which "
+                        "aborts it")
 
 
 def _check_expect(name: str, alias: str, current: int | None, expect: int | str | None) -> None:

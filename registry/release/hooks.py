@@ -128,7 +128,7 @@ def model_policy(raw: dict[str, Any], name: str) -> tuple[Hooks, tuple[str, ...]
     table = models.get(name, {}) if isinstance(models, dict) else None
     if not isinstance(table, dict):
         raise UsageError(f"[models.{name}] in the config file is not a table", hint="see the README's config section")
-    known = {*_CONFIG_KEYS, "require", "trust"}
+    known = {*_CONFIG_KEYS, "require", "trust", "rollout"}  # rollout: registry.release.rollout reads it
     unknown = set(table) - known
     if unknown:
         raise UsageError(f"unknown keys in [models.{name}]: {', '.join(sorted(unknown))}",
@@ -219,15 +219,19 @@ def _run(hooks: Hooks, env: dict[str, str], t0: float, steps: list[str]) -> Hook
         time.sleep(hooks.interval_s)
 
 
-def _sh(command: str, env: dict[str, str], timeout: float) -> tuple[int | None, str]:
+def _sh(command: str, env: dict[str, str], timeout: float, stdin: bytes | None = None) -> tuple[int | None, str]:
     """Run a hook command: its exit code (None when it ran past `timeout`) and its last line of output.
 
     Output goes to a file, not a pipe: an engine the command starts in the background keeps a pipe open (mreg
     would wait for its end), and a chatty command cannot fill memory. The command runs in its own process group,
-    killed whole when it runs past the timeout or mreg is interrupted.
+    killed whole when it runs past the timeout or mreg is interrupted. `stdin` is given through a file too.
     """
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(["/bin/sh", "-c", command], env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as given:
+        if stdin:
+            given.write(stdin)
+            given.seek(0)
+        proc = subprocess.Popen(["/bin/sh", "-c", command], env={**os.environ, **env},
+                                stdin=given if stdin else subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
@@ -241,6 +245,17 @@ def _sh(command: str, env: dict[str, str], timeout: float) -> tuple[int | None, 
         out.seek(max(0, out.seek(0, os.SEEK_END) - 4096))
         tail = out.read().decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
     return code, tail[0][:200]
+
+
+def run_command(command: str, env: dict[str, str], timeout: float, stdin: bytes | None = None
+                ) -> tuple[int | None, str]:
+    """Run a hook command (sh -c) in its own process group: its exit code (None past `timeout`) and last line."""
+    return _sh(command, env, timeout, stdin)
+
+
+def probe(url: str, method: str, timeout: float) -> tuple[bool, str]:
+    """Call a URL once: whether it answered 2xx, and what it answered."""
+    return _http(url, method, timeout)
 
 
 def _http(url: str, method: str, timeout: float) -> tuple[bool, str]:

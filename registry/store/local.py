@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from manifests import CheckRecord, HistoryEntry, Manifest, SignatureRecord
+from manifests import CheckRecord, HistoryEntry, Manifest, RolloutRecord, SignatureRecord
 from registry import atomic, layout
 from registry.digest import file_chunks, sha256_file, write_hashed
 from registry.errors import Conflict, IntegrityError, ModelNotFound, UsageError, VersionNotFound
@@ -29,7 +29,18 @@ from registry.progress import Progress
 from registry.refs import Ref
 from registry.store import entries
 from registry.store.lease import FileSlot
-from registry.store.protocol import AliasDecision, Version, first_of, manifest_bytes, read_manifest, resolve_ref
+from registry.store.protocol import (
+    AliasDecision,
+    Listener,
+    RolloutChange,
+    RolloutDecision,
+    Version,
+    first_of,
+    manifest_bytes,
+    read_manifest,
+    resolve_ref,
+    tell,
+)
 from registry.store.staging import Staging
 
 
@@ -40,6 +51,7 @@ class LocalStore:
         self.root = root.expanduser().absolute()
         self.location = str(self.root)
         self.tmp = layout.tmp_dir(self.root)
+        self.listeners: list[Listener] = []
 
     # -- reading -------------------------------------------------------------------------
 
@@ -278,7 +290,79 @@ class LocalStore:
             if entry is not None:
                 self.set_alias(name, alias, entry.to_version)
                 self.append_history(name, entry)
+        if entry is not None:
+            tell(self.listeners, name, entry)
         return current, entry
+
+    def rollout(self, name: str, alias: str) -> RolloutRecord | None:
+        """The rollout record of an alias; IntegrityError when it does not parse or names another alias."""
+        path = layout.rollout_path(self.root, name, alias)
+        atomic.require_no_link(self.root, path.parent, f"the rollouts of {name}")
+        try:
+            data = entries.read_regular(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except entries.NotRegular:
+            raise atomic.not_ours(path, f"the rollout record of {name} {alias}") from None
+        hint = ("restore it from a backup, or move it out of the store: the aliases are intact (the canary alias "
+                f"{layout.canary_alias(alias)} may remain; remove it by hand)")
+        try:
+            rec = RolloutRecord.model_validate_json(data)
+        except ValueError as e:
+            raise IntegrityError(f"the rollout record {path} does not parse: {str(e).splitlines()[0]}",
+                                 hint=hint) from None
+        if (rec.name, rec.alias) != (name, alias):
+            raise IntegrityError(f"{path} says it is the rollout of {rec.name} {rec.alias}", hint=hint)
+        return rec
+
+    def transact_rollout(self, name: str, alias: str, decide: RolloutDecision
+                         ) -> tuple[int | None, RolloutRecord | None, RolloutChange | None]:
+        """Under the model's lock: decide, write the record (the commit), flip the alias if the entry moves it,
+        append the entry. A crash after the record is repaired from it (`registry.release.rollout.settle`)."""
+        if not layout.model_dir(self.root, name).is_dir():
+            raise ModelNotFound(name)
+        atomic.require_no_link(self.root, layout.model_dir(self.root, name), f"model {name}")
+        with self.alias_lock(name):
+            current = self._reconciled(name, alias)
+            before = self.rollout(name, alias)
+            change = decide(current, before, lambda: self.history(name))
+            if change is not None:
+                path = layout.rollout_path(self.root, name, alias)
+                path.parent.mkdir(exist_ok=True)
+                atomic.require_no_link(self.root, path.parent, f"the rollouts of {name}")
+                atomic.write_bytes(path, change.record.model_dump_json(by_alias=True).encode() + b"\n")
+                if change.entry is not None:
+                    if change.entry.to_version != current:
+                        self.set_alias(name, alias, change.entry.to_version)
+                    self.append_history(name, change.entry)
+        if change is not None and change.entry is not None:
+            tell(self.listeners, name, change.entry)
+        return current, before, change
+
+    def keep_undelivered(self, record: dict[str, object]) -> str:
+        """Append the undelivered event to `events/undelivered.jsonl` (one line each, appended whole)."""
+        import json
+
+        path = layout.undelivered_log(self.root)
+        path.parent.mkdir(exist_ok=True)
+        atomic.require_no_link(self.root, path, "the undelivered events")
+        atomic.append_line(path, json.dumps(record, sort_keys=True, default=str))
+        return str(path)
+
+    def point_alias(self, name: str, alias: str, number: int) -> None:
+        """Point a rollout's canary alias at a version (a symlink flip, under the model's lock)."""
+        with self.alias_lock(name):
+            self.set_alias(name, alias, number)
+
+    def drop_alias(self, name: str, alias: str) -> None:
+        """Remove a rollout's canary alias (only a link mreg made; absent is fine)."""
+        dest = layout.alias_path(self.root, name, alias)
+        with self.alias_lock(name):
+            if dest.is_symlink():
+                dest.unlink()
+                atomic.fsync_dir(dest.parent)
+            elif dest.exists():
+                raise UsageError(f"{dest} exists and is not an alias symlink", hint="move it out of the store")
 
     def _reconciled(self, name: str, alias: str) -> int | None:
         """The alias's target; if a crashed writer flipped it without recording, record that first."""

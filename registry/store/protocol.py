@@ -6,13 +6,14 @@ against `Store` by mypy; nothing outside this package asks which one it has.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from manifests import CheckRecord, HistoryEntry, Manifest, SignatureRecord
+from manifests import CheckRecord, HistoryEntry, Manifest, RolloutRecord, SignatureRecord
 from registry.errors import IntegrityError, ModelNotFound, UsageError, VersionNotFound
 from registry.refs import LATEST, Ref
 
@@ -32,6 +33,9 @@ class Store(Protocol):
     """What promotion, listing and verification need from a store, local or remote."""
 
     location: str
+    #: Called with (model name, entry) after each history entry is committed (alias-change events); a listener's
+    #: failure is its own: it never undoes or blocks the change.
+    listeners: list[Listener]
 
     def models(self) -> list[str]:
         """Names of the models in the store."""
@@ -67,6 +71,23 @@ class Store(Protocol):
     def transact_alias(self, name: str, alias: str, decide: AliasDecision) -> tuple[int | None, HistoryEntry | None]:
         """Read an alias, let `decide` choose the change (or None), apply it atomically; returns (before, entry)."""
 
+    def rollout(self, name: str, alias: str) -> RolloutRecord | None:
+        """The staged rollout of an alias (running, paused, or the last one that ended), if any."""
+
+    def transact_rollout(self, name: str, alias: str, decide: RolloutDecision
+                         ) -> tuple[int | None, RolloutRecord | None, RolloutChange | None]:
+        """Read the alias and its rollout record, let `decide` choose the change, write it by compare-and-swap (the
+        record, the alias when the entry moves it, the entry); returns (alias before, record before, change)."""
+
+    def point_alias(self, name: str, alias: str, number: int) -> None:
+        """Point a derived alias (a rollout's canary) at a version; its history is the main alias's."""
+
+    def drop_alias(self, name: str, alias: str) -> None:
+        """Remove a derived alias (absent is fine)."""
+
+    def keep_undelivered(self, record: dict[str, object]) -> str:
+        """Keep an alias-change event that a URL did not take (for a resend); returns where it was kept."""
+
     def is_store(self) -> bool:
         """Whether there is a store at this location (a local directory that exists; S3: always, errors say)."""
 
@@ -86,9 +107,29 @@ class Store(Protocol):
         """Signature records of a version, oldest first (what they prove is judged against a trust policy)."""
 
 
+@dataclass(frozen=True)
+class RolloutChange:
+    """A rollout record to write, and the history entry recording it (None: bookkeeping only, e.g. `applied`)."""
+
+    record: RolloutRecord
+    entry: HistoryEntry | None
+
+
 HistoryLoader = Callable[[], list[HistoryEntry]]
+Listener = Callable[[str, HistoryEntry], None]
+
+
+def tell(listeners: list[Listener], name: str, entry: HistoryEntry) -> None:
+    """Hand a committed entry to every listener; whatever a listener raises stays with it."""
+    for listener in listeners:
+        with contextlib.suppress(Exception):  # a listener must never turn a committed change into a failure
+            listener(name, entry)
+
+
 #: Given the alias's current target and a loader of the model's history, the entry to apply (or None).
 AliasDecision = Callable[[int | None, HistoryLoader], HistoryEntry | None]
+#: Given the alias's target, its rollout record and a loader of the history, the change to write (or None).
+RolloutDecision = Callable[[int | None, RolloutRecord | None, HistoryLoader], RolloutChange | None]
 
 
 def resolve_ref(store: Store, ref: Ref) -> Version:

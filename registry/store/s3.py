@@ -22,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from manifests import AliasRecord, CheckRecord, HistoryEntry, Manifest, SignatureRecord
+from manifests import AliasRecord, CheckRecord, HistoryEntry, Manifest, RolloutRecord, SignatureRecord
 from registry import layout
 from registry.errors import (
     Conflict,
@@ -33,7 +33,17 @@ from registry.errors import (
 )
 from registry.refs import Ref
 from registry.store.bucket import Bucket, PreconditionFailed, RemoteObject, wrap_error
-from registry.store.protocol import AliasDecision, Version, manifest_bytes, read_manifest, resolve_ref
+from registry.store.protocol import (
+    AliasDecision,
+    Listener,
+    RolloutChange,
+    RolloutDecision,
+    Version,
+    manifest_bytes,
+    read_manifest,
+    resolve_ref,
+    tell,
+)
 
 __all__ = ["GC_LOCK_TTL_S", "LEASE_TTL_S", "PreconditionFailed", "RemoteObject", "S3Store", "wrap_error"]
 
@@ -45,6 +55,10 @@ LEASE_TTL_S = 24 * 3600
 
 class S3Store(Bucket):
     """A store in a bucket, through boto3 (credentials, region and endpoint from the standard chain)."""
+
+    def __init__(self, url: str, *, endpoint_url: str | None = None) -> None:
+        super().__init__(url, endpoint_url=endpoint_url)
+        self.listeners: list[Listener] = []
 
     def blob_key(self, sha256: str) -> str:
         """The key of a blob."""
@@ -181,7 +195,13 @@ class S3Store(Bucket):
             return current, None
         target = self.version(name, entry.to_version)
         new = AliasRecord(name=name, alias=alias, version=target.number, manifest_sha256=target.manifest_sha256,
-                          history=(*history, entry))
+                          history=(*history, entry), rollout=rec.rollout if rec else None)
+        self._swap(name, alias, new, etag)
+        tell(self.listeners, name, entry)
+        return current, entry
+
+    def _swap(self, name: str, alias: str, new: AliasRecord, etag: str | None) -> None:
+        """Write an alias record only if it is still the one read (If-Match its ETag; If-None-Match: * if none)."""
         data = new.model_dump_json(by_alias=True).encode()
         try:
             if etag is None:
@@ -193,7 +213,55 @@ class S3Store(Bucket):
                 f"lost a race: {name} {alias} was changed by another writer while this one ran; nothing changed",
                 hint=f"run `mreg history {name} --store {self.location}` and retry",
             ) from e
-        return current, entry
+
+    def rollout(self, name: str, alias: str) -> RolloutRecord | None:
+        """The rollout record kept in the alias's own record."""
+        rec, _ = self.alias_record(name, alias)
+        return rec.rollout if rec else None
+
+    def transact_rollout(self, name: str, alias: str, decide: RolloutDecision
+                         ) -> tuple[int | None, RolloutRecord | None, RolloutChange | None]:
+        """Read the alias record (target, history, rollout), decide, and write all three back in one conditional
+        PUT: a step's weight, the alias's target and the entry recording them commit together."""
+        rec, etag = self.alias_record(name, alias)
+        if rec is None and not self.has_model(name):
+            raise ModelNotFound(name)
+        current = rec.version if rec else None
+        history = list(rec.history) if rec else []
+        before = rec.rollout if rec else None
+        change = decide(current, before, lambda: history)
+        if change is None:
+            return current, before, None
+        if rec is None:
+            raise NotFound(f"{name} has no alias {alias}", hint=f"run `mreg promote {name}@VERSION --alias {alias}`")
+        to = change.entry.to_version if change.entry is not None else rec.version
+        target = rec if to == rec.version else None
+        sha = target.manifest_sha256 if target else self.version(name, to).manifest_sha256
+        new = AliasRecord(name=name, alias=alias, version=to, manifest_sha256=sha,
+                          history=(*history, change.entry) if change.entry else tuple(history), rollout=change.record)
+        self._swap(name, alias, new, etag)
+        if change.entry is not None:
+            tell(self.listeners, name, change.entry)
+        return current, before, change
+
+    def keep_undelivered(self, record: dict[str, object]) -> str:
+        """Write the undelivered event as its own object (no append on S3)."""
+        url_digest = hashlib.sha256(str(record.get("url", "")).encode()).hexdigest()
+        key = self.key(*layout.s3_undelivered(str(record.get("id", uuid.uuid4().hex)), url_digest))
+        self.put(key, json.dumps(record, sort_keys=True, default=str).encode())
+        return self.url(key)
+
+    def point_alias(self, name: str, alias: str, number: int) -> None:
+        """Write a rollout's canary alias record (its history stays in the main alias's record)."""
+        rec, etag = self.alias_record(name, alias)
+        target = self.version(name, number)
+        self._swap(name, alias, AliasRecord(name=name, alias=alias, version=number,
+                                            manifest_sha256=target.manifest_sha256,
+                                            history=rec.history if rec else ()), etag)
+
+    def drop_alias(self, name: str, alias: str) -> None:
+        """Delete a rollout's canary alias record (absent is fine)."""
+        self.delete(self.alias_key(name, alias))
 
     # -- versions ------------------------------------------------------------------------
 

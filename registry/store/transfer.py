@@ -164,6 +164,8 @@ class SyncOutcome:
     downloaded_blobs: int
     downloaded_bytes: int
     entry: HistoryEntry | None = None
+    #: While the alias is under a staged rollout: the canary alias synced beside it.
+    canary: SyncOutcome | None = None
 
 
 def sync(remote: S3Store, name: str, alias: str, local: LocalStore, *, progress: Progress | None = None,
@@ -196,7 +198,25 @@ def sync(remote: S3Store, name: str, alias: str, local: LocalStore, *, progress:
         if sig.manifest_sha256 == rec.manifest_sha256:
             write_record(local, sig)
     _, entry = local_flip(local, name, alias, rec.version)
-    return SyncOutcome(rec.version, entry is not None, downloaded[0], downloaded[1], entry)
+    return SyncOutcome(rec.version, entry is not None, downloaded[0], downloaded[1], entry,
+                       _sync_canary(remote, name, alias, local, rec, progress, workers, trust))
+
+
+def _sync_canary(remote: S3Store, name: str, alias: str, local: LocalStore, rec: AliasRecord, progress: Progress,
+                 workers: int, trust: TrustPolicy | None) -> SyncOutcome | None:
+    """While the alias is under a rollout, the serving node holds the canary version too (its own alias); once the
+    rollout is over, the local canary alias goes."""
+    canary = layout.canary_alias(alias)
+    if len(canary) > 64 or alias.endswith(layout.CANARY_SUFFIX):
+        return None
+    if rec.rollout is not None and rec.rollout.state in ("running", "paused"):
+        try:
+            return sync(remote, name, canary, local, progress=progress, workers=workers, trust=trust)
+        except NotFound:
+            return None  # the canary alias is written just after the rollout's start commits
+    if local.alias(name, canary) is not None:
+        local.drop_alias(name, canary)
+    return None
 
 
 def _aliased_manifest(remote: S3Store, name: str, alias: str, rec: AliasRecord) -> tuple[Manifest, bytes]:
