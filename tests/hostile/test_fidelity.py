@@ -9,14 +9,13 @@ under the name llama.cpp's converter would fall back to.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from support.absent import without_llama_cpp
 from support.cli import run
 from support.corpus import Case, check_case
 from support.world import World
@@ -24,27 +23,9 @@ from support.world import World
 from converters.gguf.naming import general_name
 
 pytest.importorskip("gguf")
-_ABSENT = object()
-
-
-@contextlib.contextmanager
-def _without_llama_cpp() -> Iterator[None]:
-    """llama-cpp-python as if not installed; only its entry of sys.modules is put back (mock.patch.dict would drop
-    every module first imported meanwhile, and their classes with them)."""
-    saved = sys.modules.get("llama_cpp", _ABSENT)
-    sys.modules["llama_cpp"] = None  # type: ignore[assignment]  (`import` raises, find_spec gives None)
-    try:
-        yield
-    finally:
-        if saved is _ABSENT:
-            del sys.modules["llama_cpp"]
-        else:
-            sys.modules["llama_cpp"] = saved  # type: ignore[assignment]
-
-
 def _convert_unloaded(w: World, name: str = "m") -> None:
     """A GGUF version converted as a plain install converts it: llama-cpp-python absent."""
-    with _without_llama_cpp():
+    with without_llama_cpp():
         r = run("convert", w.src, "--to", "gguf:F16", "--name", name, "--json")
     assert r.exit_code == 0, r.stderr
     assert r.json["verification"] == {"gguf": "structural"}

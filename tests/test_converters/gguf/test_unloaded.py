@@ -7,12 +7,12 @@ The runtime is made absent as an uninstalled package is: `import llama_cpp` rais
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.absent import without_llama_cpp
 from support.cli import artifact, convert
 
 pytest.importorskip("gguf")
@@ -21,9 +21,10 @@ NOT_LOADED = "not loaded by llama.cpp"
 
 
 @pytest.fixture
-def no_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_llama_cpp() -> Iterator[None]:
     """llama-cpp-python as if not installed (find_spec gives None, the import raises)."""
-    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    with without_llama_cpp():
+        yield
 
 
 @pytest.mark.parametrize("spec", ["F16", "Q8_0"])
