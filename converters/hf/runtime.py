@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from converters.hf.quiet import transformers_quiet
 from converters.hf.tokenizer import HFTokenizerSession, plain_greedy
 from manifests import Artifact, Manifest
 from registry.convert.protocol import Embedding, Generation
@@ -27,13 +28,14 @@ class HFSession(HFTokenizerSession):
         torch.manual_seed(0)
         self.torch: Any = torch
         self.runtime_version = f"transformers {transformers.__version__}, torch {torch.__version__}"
-        self.tokenizer: Any = transformers.AutoTokenizer.from_pretrained(path)
-        config = transformers.AutoConfig.from_pretrained(path)
-        archs = getattr(config, "architectures", None) or []
-        self.kind: Literal["decoder", "encoder"] = (
-            "decoder" if any(a.endswith("ForCausalLM") for a in archs) else "encoder")
-        auto = transformers.AutoModelForCausalLM if self.kind == "decoder" else transformers.AutoModel
-        self.model: Any = auto.from_pretrained(path, dtype=torch.float32).eval()
+        with transformers_quiet():  # its "Loading weights" bar and warnings on stderr: not mreg's one line
+            self.tokenizer: Any = transformers.AutoTokenizer.from_pretrained(path)
+            config = transformers.AutoConfig.from_pretrained(path)
+            archs = getattr(config, "architectures", None) or []
+            self.kind: Literal["decoder", "encoder"] = (
+                "decoder" if any(a.endswith("ForCausalLM") for a in archs) else "encoder")
+            auto = transformers.AutoModelForCausalLM if self.kind == "decoder" else transformers.AutoModel
+            self.model: Any = auto.from_pretrained(path, dtype=torch.float32).eval()
         info = manifest.model
         self.context_length = info.context_length if info else None
 

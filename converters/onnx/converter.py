@@ -304,8 +304,8 @@ def _pytorch_reference(model: Any, sig: Any, probe: Any, progress: Progress,
     """
     import torch
 
+    from converters.hf.quiet import quiet
     from converters.onnx import verify as onnx_verify
-    from converters.onnx.quiet import quiet
 
     if not beside:
         with _stage(progress, "PyTorch reference"), quiet():

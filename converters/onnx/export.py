@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from converters.hf.quiet import quiet
 from converters.onnx import experts
 from converters.onnx.graph import save
-from converters.onnx.quiet import quiet
 from registry.errors import UsageError
 
 Task = Literal["feature-extraction", "text-generation"]

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from converters.onnx.quiet import quiet
+from converters.hf.quiet import quiet
 
 #: The IR that the dynamo exporter writes for opset 18. onnx >= 1.23 stamps newer IRs on anything it
 #: builds, which older runtimes refuse (onnxruntime 1.31 reads at most IR 13), and the TorchScript

@@ -72,8 +72,8 @@ class FiniteNumber(_FloatParam):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         """The number, or a usage error naming the option and the range."""
-        what = (f"a number above {self.low:g} and at most {self.high:g}" if self.open_low
-                else f"a number from {self.low:g} to {self.high:g}")
+        low, high = f"{self.low:,.15g}", f"{self.high:,.15g}"
+        what = f"a number above {low} and at most {high}" if self.open_low else f"a number from {low} to {high}"
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             number = float(value)
         elif isinstance(value, str) and _DECIMAL.match(value.strip()):

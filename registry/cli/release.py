@@ -15,6 +15,7 @@ from registry.cli.options import (
     config_option,
     json_option,
     local_store,
+    quiet_hub,
     settings_for,
     store_option,
 )
@@ -181,6 +182,7 @@ def check_cmd(ref: str, golden: Path, fmt: str | None, min_hit_rate: float, reco
     versions must reproduce its outputs. The record is kept beside the version (the manifest is
     not touched); `mreg promote --require check[:GOLDEN]` insists on a passing one. Exit 11 on failure.
     """
+    quiet_hub(as_json)  # a runtime that loads through transformers draws the hub's bars on stderr otherwise
     rec = api.check(local_store(settings_for(config_path, store=store)), ref, golden, fmt=fmt,
                     min_hit_rate=min_hit_rate, record_baseline=record_baseline)
     doc = rec.model_dump(mode="json")

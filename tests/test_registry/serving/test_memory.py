@@ -141,7 +141,7 @@ def test_show_memory_end_to_end(mreg: Any, tmp_path: Path) -> None:
     human = mreg("show", "m@1", "--memory", str(mem), "--reserve", "0")
     assert human.exit_code == 0 and "sequences of 256 tokens" in human.stdout and "llama-server -m" in human.stdout
     bad = mreg("show", "m@1", "--memory", "-3", "--json")
-    assert bad.exit_code == 2 and "positive" in bad.json["error"]["message"]
+    assert bad.exit_code == 2 and "--memory takes a number above 0" in bad.json["error"]["message"]
     assert mreg("show", "m@1", "--context", "5", "--json").exit_code == 2
 
 

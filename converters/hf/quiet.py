@@ -1,4 +1,5 @@
-"""Library chatter kept off stdout (it carries the one JSON document with --json) and known noise off stderr."""
+"""Library chatter kept off stdout (it carries the one JSON document with --json) and known noise off stderr: used by
+the ONNX export and by the hf runtime (golden checks)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def quiet() -> Iterator[None]:
         for lg in loggers:
             lg.setLevel(logging.ERROR)
         try:
-            with _transformers_quiet():
+            with transformers_quiet():
                 yield
         finally:
             for lg, level in zip(loggers, levels, strict=True):
@@ -28,7 +29,7 @@ def quiet() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _transformers_quiet() -> Iterator[None]:
+def transformers_quiet() -> Iterator[None]:
     """Silence transformers' progress bars and warnings for the duration, then restore them."""
     import importlib
 
