@@ -97,7 +97,17 @@ def test_an_s3_store_says_what_it_has(isolated: Path, sources: list[Path], monke
         items = ok(run("plan", matrix, "--json"))["items"]
         assert [(i["exists"], i["version"]) for i in items] == [(True, 1), (False, None)]
         assert items[0]["key"] == made["key"]
-        assert [e["item"] for e in json.loads(run("plan", matrix, "--emit", "github").stdout)["include"]] == [1]
+        include = json.loads(run("plan", matrix, "--emit", "github").stdout)["include"]
+        assert [e["item"] for e in include] == [1]
+        # Runners that share only the bucket: each item converts straight into it, and a re-run converts nothing.
+        whole = json.loads(run("plan", matrix, "--emit", "github", "--all").stdout)["include"]
+        first, _ = run_matrix(matrix, whole, workers=2)
+        assert [(d["exit_code"], d["reused"]) for d in first] == [(0, True), (0, False)], [d["stderr"] for d in first]
+        again, _ = run_matrix(matrix, whole, workers=2)
+        assert [(d["exit_code"], d["reused"], d["version"]) for d in again] == [
+            (0, True, d["version"]) for d in first]
+        assert ok(run("plan", matrix, "--json"))["missing"] == []
+        assert json.loads(run("plan", matrix, "--emit", "github").stdout) == {"include": []}
 
 
 def _gpu_matrix(isolated: Path, sources: list[Path]) -> Path:
