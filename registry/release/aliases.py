@@ -52,10 +52,11 @@ def promote(
             f"{name}@{version.number} may not be promoted: {'; '.join(problems)}",
             hint="fix the version, or pass --force to promote anyway",
         )
-    under_rollout(store, name, alias, "promote")
 
     def decide(current: int | None, _history: HistoryLoader) -> HistoryEntry | None:
-        under_rollout(store, name, alias, "promote")  # again under the lock: a rollout started meanwhile
+        # Under the lock (or after the read a conditional PUT is checked against): a rollout started meanwhile
+        # refuses. Only here: a check before the transaction would be a second read for nothing.
+        under_rollout(store, name, alias, "promote")
         _check_expect(name, alias, current, expect)
         if current == version.number:
             return None
