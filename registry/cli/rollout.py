@@ -141,60 +141,31 @@ def status_cmd(name: str, alias: str, config_path: str | None, store: str | None
     Output(as_json).result({"name": name, "alias": alias, "rollout": _record_doc(rec)}, _line(rec))
 
 
-@rollout_group.command("advance")
-@click.argument("name")
-@alias_option
-@message_option
-@config_option
-@store_option
-@json_option
-def advance_cmd(name: str, alias: str, message: str | None, config_path: str | None, store: str | None,
+def _step_command(verb: str, help_text: str, act: Callable[..., Any]) -> None:
+    """`mreg rollout VERB NAME [--alias A] [-m WHY]`: one change of a rollout's state, reported as a step is."""
+
+    @rollout_group.command(verb, help=help_text)
+    @click.argument("name")
+    @alias_option
+    @message_option
+    @config_option
+    @store_option
+    @json_option
+    def command(name: str, alias: str, message: str | None, config_path: str | None, store: str | None,
                 as_json: bool) -> None:
-    """Take the next step now (its gates checked first; a failing gate aborts, exit 10)."""
-    st = any_store(settings_for(config_path, store=store))
-    _report(name, alias, as_json, lambda: api.rollout_advance(st, name, alias=alias, reason=message))
+        st = any_store(settings_for(config_path, store=store))
+        _report(name, alias, as_json, lambda: act(st, name, alias=alias, reason=message))
 
 
-@rollout_group.command("pause")
-@click.argument("name")
-@alias_option
-@message_option
-@config_option
-@store_option
-@json_option
-def pause_cmd(name: str, alias: str, message: str | None, config_path: str | None, store: str | None,
-              as_json: bool) -> None:
-    """Hold the rollout at its weight (a running `rollout run` stops at its next step)."""
-    st = any_store(settings_for(config_path, store=store))
-    _report(name, alias, as_json, lambda: api.rollout_pause(st, name, alias=alias, reason=message))
-
-
-@rollout_group.command("resume")
-@click.argument("name")
-@alias_option
-@message_option
-@config_option
-@store_option
-@json_option
-def resume_cmd(name: str, alias: str, message: str | None, config_path: str | None, store: str | None,
-               as_json: bool) -> None:
-    """Let a paused rollout go on."""
-    st = any_store(settings_for(config_path, store=store))
-    _report(name, alias, as_json, lambda: api.rollout_resume(st, name, alias=alias, reason=message))
-
-
-@rollout_group.command("abort")
-@click.argument("name")
-@alias_option
-@message_option
-@config_option
-@store_option
-@json_option
-def abort_cmd(name: str, alias: str, message: str | None, config_path: str | None, store: str | None,
-              as_json: bool) -> None:
-    """Send all traffic back to the stable version: weight 0, canary alias removed, the alias untouched."""
-    st = any_store(settings_for(config_path, store=store))
-    _report(name, alias, as_json, lambda: api.rollout_abort(st, name, alias=alias, reason=message))
+for _verb, _help, _act in (
+    ("advance", "Take the next step now (its gates checked first; a failing gate aborts, exit 10).",
+     api.rollout_advance),
+    ("pause", "Hold the rollout at its weight (a running `rollout run` stops at its next step).", api.rollout_pause),
+    ("resume", "Let a paused rollout go on.", api.rollout_resume),
+    ("abort", "Send all traffic back to the stable version: weight 0, canary alias removed, the alias untouched.",
+     api.rollout_abort),
+):
+    _step_command(_verb, _help, _act)
 
 
 @rollout_group.command("run")
