@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,6 +83,32 @@ def test_s3_rollout_to_done_and_abort(mreg: Any, remote: str, s3server: SeaweedS
     assert r.exit_code == 0 and r.json["to"] == 1
     assert f"kept in s3://{BUCKET}/" in r.stderr and "/events/undelivered/" in r.stderr, r.stderr
     assert ok(mreg("rollout", "status", "m", *st, "--json"))["rollout"]["state"] == "aborted"
+
+
+def test_s3_killed_run_resumes_from_the_recorded_step(mreg: Any, remote: str, tmp_path: Path) -> None:
+    """`rollout run` SIGKILLed between steps: the record in the bucket says where it was; a new run goes on."""
+    st = ["--store", remote]
+    log = tmp_path / "weights"
+    ok(mreg("rollout", "start", "m@2", "--steps", "10,20,100", "--interval", "1s", "--apply",
+            f'echo "$MREG_CANARY_WEIGHT" >> {log}', *st, "--json"))
+    ok(mreg("rollout", "advance", "m", *st, "--json"))
+    proc = subprocess.Popen([sys.executable, "-c", "from registry.cli import run; run()", "rollout", "run", "m", *st,
+                             "--json"], env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while ok(mreg("rollout", "status", "m", *st, "--json"))["rollout"]["weight"] != 20:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    assert ok(mreg("rollout", "status", "m", *st, "--json"))["rollout"]["state"] == "running"
+    assert ok(mreg("resolve", "m@production", *st, "--json"))["version"] == 1, "the stable path never moved"
+    done = ok(mreg("rollout", "run", "m", *st, "--json"))
+    assert done["rollout"]["state"] == "done" and [s["weight"] for s in done["steps_taken"]] == [100]
+    assert ok(mreg("resolve", "m@production", *st, "--json"))["version"] == 2
+    weights = log.read_text().split()
+    assert weights[:3] == ["0", "10", "20"] and weights[-1] == "100" and set(weights) <= {"0", "10", "20", "100"}
+    hist = ok(mreg("history", "m", "--alias", "production", *st, "--json"))["entries"]
+    assert [e["action"] for e in hist].count("rollout-done") == 1
 
 
 def test_s3_two_starts_race_one_wins(mreg: Any, remote: str) -> None:
