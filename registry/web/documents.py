@@ -94,17 +94,32 @@ def models_doc(reader: Reader) -> dict[str, Any]:
     return {"store": store.location, "models": [model_summary(reader, name) for name in store.models()]}
 
 
+def rollouts_doc(reader: Reader, name: str, aliases: dict[str, int]) -> list[dict[str, Any]]:
+    """The staged rollouts in progress on a model's aliases, as `mreg rollout status --json` names their fields."""
+    out = []
+    for alias in sorted(aliases):
+        rec = reader.store.rollout(name, alias)
+        if rec is None or rec.state not in ("running", "paused"):
+            continue
+        out.append({"alias": alias, "stable": rec.stable, "canary": rec.canary, "weight": rec.weight,
+                    "state": rec.state, "steps": list(rec.steps), "step": rec.step,
+                    "started": rec.started.at.isoformat(), "by": rec.started.user})
+    return out
+
+
 def model_summary(reader: Reader, name: str) -> dict[str, Any]:
     """One row of the models page (problems marked on the row)."""
     store, problems = reader.store, Problems()
     doc: dict[str, Any] = {"name": name, "versions": 0, "latest": None, "aliases": {}, "formats": [], "bytes": None,
-                           "last_change": None}
+                           "last_change": None, "rollouts": []}
     numbers: list[int] = []
     with problems.item("versions"):
         numbers = store.versions(name)
         doc["versions"] = len(numbers)
     with problems.item("aliases"):
         doc["aliases"] = store.aliases(name)
+    with problems.item("rollouts"):
+        doc["rollouts"] = rollouts_doc(reader, name, doc["aliases"])
     if numbers:
         with problems.item(f"{name}@{numbers[-1]}"):
             m = reader.version(name, numbers[-1]).manifest
@@ -164,8 +179,12 @@ def model_doc(reader: Reader, name: str, at: dt.datetime | None = None) -> dict[
         numbers = store.versions(name)
     with problems.item("history"):
         history = store.history(name)
+    rollouts: list[dict[str, Any]] = []
+    with problems.item("rollouts"):
+        rollouts = rollouts_doc(reader, name, aliases)
     doc: dict[str, Any] = {
-        "name": name, "aliases": aliases, "versions": [version_row(reader, name, n, aliases) for n in numbers],
+        "name": name, "aliases": aliases, "rollouts": rollouts,
+        "versions": [version_row(reader, name, n, aliases) for n in numbers],
         "history": [entry_doc(e) for e in history],
         "as_of": aliases_at_doc(name, at, aliases_at(history, at)) if at is not None else None,
     }

@@ -157,7 +157,7 @@ class Site:
         body = _ENV.get_template(template).render(
             doc=doc, rel=rel, page=page_path, live=self.live, css=CSS, meta_csp=META_CSP,
             json_link=rel(posixpath.join(here, "index.json")), timeline=svg.timeline, tradeoff=svg.tradeoff,
-            store=self.reader.store.location)
+            rollout=svg.rollout, store=self.reader.store.location)
         return Response(status, "text/html; charset=utf-8", body.encode())
 
     def _error(self, path: str, status: int, err: BaseException, *, as_json: bool = False) -> Response:

@@ -1,4 +1,5 @@
-"""Pictures drawn on the server as inline SVG: the alias history as a timeline, a gguf:auto run's trade-off.
+"""Pictures drawn on the server as inline SVG: the alias history as a timeline, a rollout's progress, a gguf:auto
+run's trade-off.
 
 Every string from the store goes through `escape`; only presentation attributes are used (no `style=`),
 which the pages' Content-Security-Policy allows, and no script.
@@ -55,6 +56,30 @@ def timeline(entries: list[dict[str, Any]]) -> Markup:
         label = dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         x = LEFT if anchor == "start" else WIDTH - RIGHT
         parts.append(f'<text x="{x}" y="{axis}" font-size="11" text-anchor="{anchor}" fill="#4a5568">{label}</text>')
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+def rollout(doc: dict[str, Any]) -> Markup:
+    """A rollout's progress (as `rollouts_doc` gives it): one bar per step, those taken filled, the weight in force
+    marked; the stable version's share is what the canary's leaves."""
+    steps: list[int] = doc["steps"]
+    width, bar, gap, top = 560, 28, 10, 22
+    cell = (width - 20 - gap * (len(steps) - 1)) / max(len(steps), 1)
+    height = top + bar + 30
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="rollout" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="rollout progress">',
+             f'<text x="10" y="14" font-size="12" fill="#1a202c">{escape(doc["alias"])}: '
+             f'{escape(str(doc["stable"]))} → {escape(str(doc["canary"]))}, canary at {int(doc["weight"])}% '
+             f'({escape(doc["state"])})</text>']
+    for i, weight in enumerate(steps):
+        x = 10 + i * (cell + gap)
+        taken = i <= int(doc["step"])
+        fill = "#2b6cb0" if taken else "#e2e8f0"
+        parts.append(f'<g><title>step {i + 1}: {int(weight)}%</title><rect x="{x:.1f}" y="{top}" width="{cell:.1f}" '
+                     f'height="{bar}" fill="{fill}" stroke="#4a5568"/>'
+                     f'<text x="{x + cell / 2:.1f}" y="{top + bar + 16}" font-size="11" text-anchor="middle" '
+                     f'fill="#1a202c">{int(weight)}%</text></g>')
     parts.append("</svg>")
     return Markup("".join(parts))
 

@@ -233,3 +233,26 @@ def test_an_s3_store(web_store: WebStore, tmp_path: Path, monkeypatch: pytest.Mo
         assert site.respond("models/alpha/versions/2/index.html", {}).status == 200
         compare = json.loads(site.respond("models/alpha/compare/1-2/index.json", {}).body)
         assert "hf/model.safetensors" in {f["path"] for f in compare["files"]["changed"]}
+
+
+def test_a_rollout_in_progress_is_shown_with_its_weight(mreg: Any, model_dir: Path, tmp_path: Path) -> None:
+    for i in range(2):
+        (model_dir / "config.json").write_text(json.dumps({"i": i}))
+        ok(mreg("convert", model_dir, "--to", "hf", "--name", "r", "--json"))
+    ok(mreg("promote", "r@1", "--json"))
+    ok(mreg("rollout", "start", "r@2", "--steps", "5,25,100", "--json"))
+    ok(mreg("rollout", "advance", "r", "--json"))
+    out = tmp_path / "site"
+    ok(mreg("site", "build", out, "--json"))
+    (row,) = json.loads((out / "index.json").read_text())["models"]
+    (shown,) = row["rollouts"]
+    assert {k: shown[k] for k in ("alias", "stable", "canary", "weight", "state", "steps", "step")} == {
+        "alias": "production", "stable": 1, "canary": 2, "weight": 5, "state": "running", "steps": [5, 25, 100],
+        "step": 0}
+    assert "rollout: " in (out / "index.html").read_text() and "at 5% (running)" in (out / "index.html").read_text()
+    model = (out / "models/r/index.html").read_text()
+    assert 'aria-label="rollout progress"' in model and "canary at 5%" in model
+    assert json.loads((out / "models/r/index.json").read_text())["rollouts"] == row["rollouts"]
+    ok(mreg("rollout", "abort", "r", "--json"))
+    ok(mreg("site", "build", out, "--json"))
+    assert json.loads((out / "index.json").read_text())["models"][0]["rollouts"] == []
