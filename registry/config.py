@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,20 @@ from typing import Any
 
 from registry.errors import UsageError
 from registry.inputs import decode_text, kind, read_input
+
+#: ASCII numbers as environment settings take them (float() and int() also take '١٢٠', 'nan' and '1e999').
+WHOLE = re.compile(r"[0-9]{1,15}")
+SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,6})?")
+
+
+def env_number(name: str, pattern: re.Pattern[str], default: str, what: str) -> str:
+    """The environment variable `name` (else `default`) when it fully matches `pattern`; a UsageError saying it
+    must be `what` otherwise. The one reader of mreg's numeric settings from the environment."""
+    value = os.environ.get(name, "").strip() or default
+    if not pattern.fullmatch(value):
+        shown = value[:40] if value.isascii() and value.isprintable() else repr(value[:40])
+        raise UsageError(f"{name}={shown} is not {what}", hint=f"set {name} to {what}, or unset it")
+    return value
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -20,13 +20,12 @@ always answers "there is more" is refused after about 10,000 requests instead of
 
 from __future__ import annotations
 
-import os
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
+from registry.config import SECONDS, WHOLE, env_number
 from registry.errors import IntegrityError, StoreUnreachable, UsageError
 
 STALL_BYTES_ENV = "MREG_STALL_BYTES"
@@ -36,17 +35,6 @@ STALL_BYTES = 1 << 20
 STALL_SECONDS = 60.0
 MAX_LIST_PAGES = 10_000
 T = TypeVar("T")
-
-_INT = re.compile(r"[0-9]{1,15}")
-_SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,6})?")
-
-
-def _env(name: str, pattern: re.Pattern[str], default: str, what: str) -> str:
-    value = os.environ.get(name, "").strip() or default
-    if not pattern.fullmatch(value):
-        raise UsageError(f"{name}={value[:40]!r} is not {what}", hint=f"set {name} to {what}, or unset it")
-    return value
-
 
 @dataclass(frozen=True)
 class StallFloor:
@@ -67,8 +55,8 @@ class StallFloor:
 
 def stall_floor() -> StallFloor:
     """The floor the environment sets (`MREG_STALL_BYTES`, `MREG_STALL_SECONDS`), else 1 MiB per 60 s."""
-    min_bytes = int(_env(STALL_BYTES_ENV, _INT, str(STALL_BYTES), "a number of bytes (ASCII digits)"))
-    seconds = float(_env(STALL_SECONDS_ENV, _SECONDS, f"{STALL_SECONDS:g}", "a number of seconds over 0"))
+    min_bytes = int(env_number(STALL_BYTES_ENV, WHOLE, str(STALL_BYTES), "a number of bytes (ASCII digits)"))
+    seconds = float(env_number(STALL_SECONDS_ENV, SECONDS, f"{STALL_SECONDS:g}", "a number of seconds over 0"))
     if seconds <= 0:
         raise UsageError(f"{STALL_SECONDS_ENV} must be over 0", hint=f"set {STALL_SECONDS_ENV} to seconds, or unset it")
     return StallFloor(min_bytes, seconds)
@@ -76,7 +64,7 @@ def stall_floor() -> StallFloor:
 
 def max_list_pages() -> int:
     """How many pages one listing may take (`MREG_MAX_LIST_PAGES`, else 10,000)."""
-    pages = int(_env(MAX_LIST_PAGES_ENV, _INT, str(MAX_LIST_PAGES), "a number of pages (ASCII digits)"))
+    pages = int(env_number(MAX_LIST_PAGES_ENV, WHOLE, str(MAX_LIST_PAGES), "a number of pages (ASCII digits)"))
     if pages < 1:
         raise UsageError(f"{MAX_LIST_PAGES_ENV} must be 1 or more", hint=f"unset {MAX_LIST_PAGES_ENV}")
     return pages

@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from manifests import GateResult, HistoryEntry, RolloutRecord, RolloutStep
 from registry import layout, provenance
@@ -372,20 +372,22 @@ def _gate_abort(store: Store, rec: RolloutRecord, failed: GateResult, results: S
 
 def pause(store: Store, name: str, alias: str = "production", reason: str | None = None) -> Outcome:
     """Hold the rollout at its weight (a `run` stops at its next step)."""
-    _names(name, alias)
-    rec = _active(store, name, alias)
-    if rec.state == "paused":
-        return Outcome(rec, False)
-    return Outcome(_transition(store, rec, "rollout-pause", reason, state="paused"), True)
+    return _set_state(store, name, alias, "paused", "rollout-pause", reason)
 
 
 def resume(store: Store, name: str, alias: str = "production", reason: str | None = None) -> Outcome:
     """Let a paused rollout go on."""
+    return _set_state(store, name, alias, "running", "rollout-resume", reason)
+
+
+def _set_state(store: Store, name: str, alias: str, state: Literal["running", "paused"],
+               action: Literal["rollout-pause", "rollout-resume"], reason: str | None) -> Outcome:
+    """The active rollout in `state` (one history entry), or unchanged when it already is."""
     _names(name, alias)
     rec = _active(store, name, alias)
-    if rec.state == "running":
+    if rec.state == state:
         return Outcome(rec, False)
-    return Outcome(_transition(store, rec, "rollout-resume", reason, state="running"), True)
+    return Outcome(_transition(store, rec, action, reason, state=state), True)
 
 
 def abort(store: Store, name: str, alias: str = "production", reason: str | None = None) -> Outcome:

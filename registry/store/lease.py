@@ -26,6 +26,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from registry import atomic, layout
+from registry.config import SECONDS, env_number
 from registry.errors import Conflict, MregError, UsageError
 
 #: The lease's lifetime without a renewal: how long a lost holder (a dead node) keeps the others waiting.
@@ -34,15 +35,10 @@ DEFAULT_LEASE_S = 60.0
 
 def lease_seconds() -> float:
     """The lease duration: $MREG_LEASE_SECONDS, else 60; renewed every third of it."""
-    raw = os.environ.get("MREG_LEASE_SECONDS", "")
-    if not raw:
-        return DEFAULT_LEASE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
+    what = "a number of seconds between 0.5 and 86400"
+    value = float(env_number("MREG_LEASE_SECONDS", SECONDS, f"{DEFAULT_LEASE_S:g}", what))
     if not 0.5 <= value <= 86400:
-        raise UsageError(f"MREG_LEASE_SECONDS={raw} is not a number of seconds between 0.5 and 86400",
+        raise UsageError(f"MREG_LEASE_SECONDS={value:g} is not {what}",
                          hint="unset it (60 s) or give e.g. MREG_LEASE_SECONDS=120")
     return value
 

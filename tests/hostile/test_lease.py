@@ -53,6 +53,8 @@ CASES: list[tuple[Case, dict[str, str]]] = [
     (Case("lease-file-not-mreg's-no-wait", _garbage_lease, 5, "LeaseHeld", ("unknown host",)), {}),
     (Case("lease-seconds-not-a-number", lambda w: ["convert", w.src, "--to", "hf", "--name", "m"], 2, "UsageError",
           ("MREG_LEASE_SECONDS=soon",)), {"MREG_LEASE_SECONDS": "soon"}),
+    (Case("lease-seconds-arabic-digits", lambda w: ["convert", w.src, "--to", "hf", "--name", "m"], 2, "UsageError",
+          ("MREG_LEASE_SECONDS",)), {"MREG_LEASE_SECONDS": "١٢٠"}),  # float() reads it as 120
     (Case("lease-seconds-zero", lambda w: ["convert", w.src, "--to", "hf", "--name", "m"], 2, "UsageError",
           ("MREG_LEASE_SECONDS=0",)), {"MREG_LEASE_SECONDS": "0"}),
 ]
