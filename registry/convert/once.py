@@ -65,7 +65,9 @@ def run_once(slot: LeaseSlot, name: str, key: str, *, find: Callable[[], V | Non
             other = parse(data)
             if seen is None or seen[0] != held:
                 seen = (held, time.monotonic())
-            if _expired(other, seen[1], duration):
+            if other is not None and other.id == doc.id:
+                token = held  # this run's own create landed, though its answer was lost and the retry refused
+            elif _expired(other, seen[1], duration):
                 token = slot.replace(doc.model_dump_json().encode(), held)
                 if token is None:
                     continue  # another waiter took it over first

@@ -13,7 +13,6 @@ the version's manifest does; a lease only says who does the work.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import socket
@@ -242,17 +241,35 @@ class Lease:
         self._thread.start()
 
     def renew(self) -> bool:
-        """Push the expiry one duration ahead (If-Match); False once the lease is no longer ours."""
+        """Push the expiry one duration ahead (If-Match); False once the lease is no longer ours.
+
+        A refused replace is not yet a loss: the slot is read back, and bytes that still carry this lease's id are
+        still this run's (a write that landed although its answer was lost and the retry refused, or a store that
+        refused a conditional write made at the same moment as another's): the run adopts their token and tries
+        again."""
         with self._lock:
             if self.lost:
                 return False
-            doc = self.doc.model_copy(update={"expires": time.time() + self.duration})
-            token = self.slot.replace(doc.model_dump_json().encode(), self.token)
-            if token is None:
-                self.lost = True
-                return False
-            self.doc, self.token = doc, token
-            return True
+            for _ in range(3):
+                doc = self.doc.model_copy(update={"expires": time.time() + self.duration})
+                token = self.slot.replace(doc.model_dump_json().encode(), self.token)
+                if token is not None:
+                    self.doc, self.token = doc, token
+                    return True
+                current = self._ours()
+                if current is None:
+                    self.lost = True
+                    return False
+                self.token = current
+            return True  # still ours, not renewed this time: the next renewal comes before the expiry
+
+    def _ours(self) -> str | None:
+        """The slot's token when it holds this lease (by its id, whatever its expiry), else None."""
+        current = self.slot.read()
+        if current is None:
+            return None
+        doc = parse(current[0])
+        return current[1] if doc is not None and doc.id == self.doc.id else None
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.duration / 3):
@@ -271,9 +288,15 @@ class Lease:
         """Stop renewing and remove the lease (if it is still ours)."""
         self._stop.set()
         self._thread.join()
-        with self._lock, contextlib.suppress(MregError, OSError):
-            if not self.lost:
-                self.slot.delete(self.token)
+        with self._lock:
+            for attempt in range(3):  # a store that failed to answer once is asked again; gc tidies what remains
+                try:
+                    token = self._ours()
+                    if token is not None:
+                        self.slot.delete(token)
+                    return
+                except (MregError, OSError):
+                    time.sleep(0.2 * (attempt + 1))
 
 
 def new_doc(name: str, key: str, duration: float) -> LeaseDoc:

@@ -254,3 +254,49 @@ def test_gc_removes_expired_leases_and_keeps_live_ones(kind: str, remote: str, s
     assert done.exit_code == 0 and done.json["stale_leases"] == 1, done.stdout + done.stderr
     left = _leases(kind, store_root, remote)
     assert len(left) == 1 and live[:32] in left[0] if kind == "local" else left[0].endswith(f"{live}.json")
+
+
+class _LostAnswers(FileSlot):
+    """A local slot whose every write lands but whose first answer to each is lost, the way a store answers when a
+    retried request meets its own earlier write (a refusal although the write happened)."""
+
+    def __init__(self, root: Path, name: str, key: str) -> None:
+        super().__init__(root, name, key)
+        self.refused: list[str] = []
+
+    def create(self, data: bytes) -> str | None:
+        token = super().create(data)
+        if token is not None and "create" not in self.refused:
+            self.refused.append("create")
+            return None
+        return token
+
+    def replace(self, data: bytes, token: str) -> str | None:
+        new = super().replace(data, token)
+        if new is not None and "replace" not in self.refused:
+            self.refused.append("replace")
+            return None
+        return new
+
+
+def test_a_lease_whose_write_answers_were_lost_stays_its_holders_and_is_released(store_root: Path) -> None:
+    """Ownership is the lease's id in the slot, not the last answer: a create and a renewal that landed although
+    the store refused them leave the run holding its lease, renewing it, and removing it when done."""
+    from registry.convert.once import run_once
+
+    store_root.mkdir(parents=True, exist_ok=True)
+    (store_root / layout.LOCKS).mkdir(parents=True, exist_ok=True)
+    slot = _LostAnswers(store_root, "m", "k" * 64)
+    renewed: list[bool] = []
+
+    def work(lease: Any) -> str:
+        renewed.append(lease.renew())
+        lease.confirm()
+        return "made"
+
+    started = time.monotonic()
+    done = run_once(slot, "m", "k" * 64, find=lambda: None, work=work, duration=30)
+    assert time.monotonic() - started < 10, "the run knew its own lease at once (no wait for an expiry)"
+    assert done.made == "made" and renewed == [True]
+    assert slot.refused == ["create", "replace"]
+    assert slot.read() is None, "the holder removed its lease"
