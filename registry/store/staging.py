@@ -1,5 +1,9 @@
 """A version tree being built in the store's tmp/ directory: files placed or converted there become links to
-blobs, and `LocalStore.publish` renames the whole tree into `versions/<n>`."""
+blobs, and `LocalStore.publish` renames the whole tree into `versions/<n>`.
+
+A staging tree sees its store only through `StagingStore`, so that this module does not import the store that
+imports it (`LocalStore.stage` makes a `Staging`; `LocalStore` is checked against `StagingStore` by mypy there).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from manifests import Artifact, FileEntry
 from registry import atomic, layout
@@ -19,8 +23,23 @@ from registry.digest import sha256_file
 from registry.errors import IntegrityError, UsageError
 from registry.progress import Progress
 
-if TYPE_CHECKING:
-    from registry.store.local import LocalStore
+
+class StagingStore(Protocol):
+    """What a staging tree needs from the local store it is built in: where it lies, and how files become blobs."""
+
+    @property
+    def root(self) -> Path:
+        """The store's root directory."""
+
+    @property
+    def tmp(self) -> Path:
+        """The store's directory of staging trees and their locks."""
+
+    def link_blob(self, src: Path, sha256: str, *, verify: bool) -> Path:
+        """Make `src` (on this filesystem) the blob `sha256`, or replace it by a link to the existing blob."""
+
+    def add_blob_copy(self, src: Path, dest_in_stage: Path, expected_sha256: str | None, progress: Progress) -> str:
+        """Copy `src` into the staging tree while hashing it; checks the digest when one is expected."""
 
 
 def _dead_here(name: str) -> bool:
@@ -37,7 +56,7 @@ def _dead_here(name: str) -> bool:
     return False
 
 
-def sweep_dead(store: LocalStore) -> list[Path]:
+def sweep_dead(store: StagingStore) -> list[Path]:
     """Remove the staging trees that writers killed on this host left (their process gone, their lock free), so
     that a serving node retrying a killed conversion does not fill its disk; gc removes the rest. Returns them."""
     removed: list[Path] = []
@@ -67,7 +86,7 @@ class StagedFile:
 class Staging:
     """A version tree being built in the store's tmp directory; publish() makes it a version."""
 
-    def __init__(self, store: LocalStore, name: str) -> None:
+    def __init__(self, store: StagingStore, name: str) -> None:
         self.store = store
         self.name = name
         store.tmp.mkdir(parents=True, exist_ok=True)
