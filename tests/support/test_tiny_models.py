@@ -1,4 +1,4 @@
-"""Tests for the tiny model fixture builders in tests/support/tiny_models.py."""
+"""Tests for the tiny model fixture builders in tests/support/tiny_models/."""
 
 from __future__ import annotations
 

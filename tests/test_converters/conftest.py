@@ -1,6 +1,6 @@
 """Tiny models for the GGUF converter: one per architecture, all real Hugging Face directories.
 
-llama and qwen2 come from tests/support/tiny_models.py as they are; mistral is the llama directory with a
+llama and qwen2 come from tests/support/tiny_models/ as they are; mistral is the llama directory with a
 Mistral config; qwen3 gets its own weights (explicit head_dim different from hidden/heads,
 per-head q/k norms, no biases); the SentencePiece variant replaces the BPE tokenizer of the
 llama directory with a tokenizer.model trained offline on the spot.
