@@ -59,7 +59,7 @@ def settings(config_path: str | None = None, cache_dir: str | None = None, store
     return config.load(config_path, cache_dir, store)
 
 
-def open_store(location: str | Path, *, endpoint_url: str | None = None) -> Store:
+def open_store(location: str | Path, *, endpoint_url: str | None = None) -> LocalStore | S3Store:
     """A store: a directory, or `s3://bucket/prefix` (endpoint: `endpoint_url`, else $AWS_ENDPOINT_URL)."""
     text = str(location)
     if text.startswith("s3://"):
