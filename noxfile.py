@@ -30,11 +30,13 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff, mypy --strict, the import contracts (the architecture), the exported JSON Schema, and the docs site
-    (built with --strict: a broken link, a missing page or an include that finds no file fails)."""
+    """ruff, mypy --strict (the code, then the README's and the docs' API examples), the import contracts (the
+    architecture), the exported JSON Schema, and the docs site (built with --strict: a broken link, a missing page or
+    an include that finds no file fails)."""
     session.install("-e", ".[test,lint,docs]")
     session.run("ruff", "check", ".")
     session.run("mypy")
+    session.run("pytest", "-q", "tests/test_docs_examples.py")  # mypy is installed here, not in the tests session
     session.run("lint-imports")
     session.run("python", "-m", "manifests.export", "--check")
     session.run("python", "benchmarks/render.py", "--check")

@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.release.probes import Probing
     from registry.release.rollout import Outcome as RolloutOutcome
     from registry.serving.memory import MemoryPlan
+    from registry.serving.mount import MountReport
+    from registry.serving.triton import TritonExport
     from registry.store.gc import GCPlan
     from registry.store.local import LocalStore
     from registry.store.protocol import Store, Version
@@ -57,7 +59,7 @@ def settings(config_path: str | None = None, cache_dir: str | None = None, store
     return config.load(config_path, cache_dir, store)
 
 
-def open_store(location: str | Path, *, endpoint_url: str | None = None) -> Store:
+def open_store(location: str | Path, *, endpoint_url: str | None = None) -> LocalStore | S3Store:
     """A store: a directory, or `s3://bucket/prefix` (endpoint: `endpoint_url`, else $AWS_ENDPOINT_URL)."""
     text = str(location)
     if text.startswith("s3://"):
@@ -282,17 +284,18 @@ def promote(store: Store, ref: str, *, alias: str = "production", expect: int | 
                                     reason=reason, force=force, require=(*configured, *require), trust=trust)
 
 
-def aliases_at(store: Store, name: str, at: str | dt.datetime) -> dict[str, HistoryEntry]:
-    """Which version every alias of `name` pointed to at time `at` (ISO 8601 text or a datetime; naive is UTC),
-    as the history entry that set it; an alias made later is absent."""
+def aliases_at(store: Store, name: str, at: str | dt.datetime, *, alias: str | None = None
+               ) -> dict[str, HistoryEntry]:
+    """Which version every alias of `name` (or only `alias`) pointed to at time `at` (ISO 8601 text or a datetime;
+    naive is UTC), as the history entry that set it; an alias made later is absent."""
     from registry.release.aliases import aliases_at as replay
     from registry.release.aliases import parse_time
 
     check_name(name)
-    when = parse_time(at) if isinstance(at, str) else at if at.tzinfo else at.replace(tzinfo=dt.timezone.utc)
     if not store.has_model(name):
         raise ModelNotFound(name)
-    return replay(store.history(name), when)
+    when = parse_time(at) if isinstance(at, str) else at if at.tzinfo else at.replace(tzinfo=dt.timezone.utc)
+    return {a: e for a, e in replay(store.history(name), when).items() if alias is None or a == alias}
 
 
 def rollback(store: Store, name: str, *, alias: str = "production", to: int | None = None,
@@ -441,6 +444,134 @@ def serving_memory(store: Store, ref: str, memory_gib: float, *, context: int | 
     v = store.resolve(parse_ref(ref))
     return memory.plan(v.manifest, memory_gib, context=context, cache_type=cache_type, utilization=utilization,
                        reserve_gib=reserve_gib)
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """One model of a store, as `mreg list` shows it: its good versions and its aliases."""
+
+    name: str
+    versions: tuple[int, ...]
+    aliases: dict[str, int]
+
+
+@dataclass(frozen=True)
+class StoreListing:
+    """The models of a store, and every entry met on the way that mreg did not write (`problems`)."""
+
+    location: str
+    models: tuple[ModelSummary, ...]
+    problems: tuple[IntegrityError, ...]
+
+
+@dataclass(frozen=True)
+class VersionListing:
+    """The versions of one model, its aliases, and every entry or version that could not be read (`problems`)."""
+
+    name: str
+    versions: tuple[Version, ...]
+    aliases: dict[str, int]
+    problems: tuple[IntegrityError, ...]
+
+
+def list_models(store: Store) -> StoreListing:
+    """Every model of the store with its versions and aliases (`mreg list`); what is not mreg's is named, not fatal."""
+    _check_is_store(store)
+    problems: list[IntegrityError] = []
+    models = tuple(ModelSummary(m, *_surveyed(store, m, problems)) for m in store.models())
+    return StoreListing(store.location, models, tuple(problems))
+
+
+def list_versions(store: Store, name: str) -> VersionListing:
+    """Every version of one model (`mreg list NAME`); one that cannot be read is among the problems, not fatal."""
+    _check_is_store(store)
+    check_name(name)
+    if name not in store.models():
+        raise ModelNotFound(name)
+    problems: list[IntegrityError] = []
+    numbers, aliases = _surveyed(store, name, problems)
+    versions: list[Version] = []
+    for n in numbers:
+        try:
+            versions.append(store.version(name, n))
+        except IntegrityError as e:  # named among the problems; the other versions are still listed
+            problems.append(e)
+    return VersionListing(name, tuple(versions), aliases, tuple(problems))
+
+
+def _check_is_store(store: Store) -> None:
+    """Refuse a location that holds no store (exit 3): listing it would read as an empty store."""
+    if not store.is_store():
+        raise NotFound(f"there is no store at {store.location}",
+                       hint="check --store / MREG_STORE (`mreg config` shows which is used); "
+                            "`mreg convert` creates a store")
+
+
+def _surveyed(store: Store, name: str, problems: list[IntegrityError]) -> tuple[tuple[int, ...], dict[str, int]]:
+    """A model's good versions and aliases; what is not mreg's (or cannot be read) goes to `problems`."""
+    numbers, strays = store.survey(name)
+    problems += strays
+    try:
+        aliases = store.aliases(name)
+    except IntegrityError as e:  # a bad alias: already among the strays of a local store
+        aliases = {}
+        if str(e) not in {str(p) for p in problems}:
+            problems.append(e)
+    return tuple(numbers), aliases
+
+
+@dataclass(frozen=True)
+class VersionDetails:
+    """A version as `mreg show` tells it: the version, the aliases that point at it, its signatures judged."""
+
+    version: Version
+    aliases: tuple[str, ...]
+    #: Each signature judged against the trust policy (`registry.store.signatures.shown`), as documents.
+    signatures: list[dict[str, Any]]
+
+
+def show(store: Store, ref: str, *, trust: TrustPolicy | Callable[[str], TrustPolicy] | None = None
+         ) -> VersionDetails:
+    """The version `ref` names (number, alias, `latest` or manifest digest prefix), its aliases and signatures.
+
+    `trust` judges the signatures: a policy, or a function from the model's name to its policy
+    (`lambda n: trust_policy(settings, n)`); without one every signature is untrusted.
+    """
+    from registry.store.signatures import shown
+    from registry.store.trust import TrustPolicy as Policy
+
+    v = store.resolve(parse_ref(ref))
+    aliases = tuple(sorted(a for a, n in store.aliases(v.name).items() if n == v.number))
+    policy = trust(v.name) if callable(trust) else trust if trust is not None else Policy()
+    return VersionDetails(v, aliases, shown(store, v, policy))
+
+
+def history(store: Store, name: str, *, alias: str | None = None) -> list[HistoryEntry]:
+    """Every alias change of a model, oldest first (only `alias`'s with one): who, when, from, to, why."""
+    check_name(name)
+    if not store.has_model(name):
+        raise ModelNotFound(name)  # as `show` says: a model that is not there has no history either
+    return [e for e in store.history(name) if alias is None or e.alias == alias]
+
+
+def mount_check(store: LocalStore, name: str, *, alias: str = "production", mount_root: str | None = None,
+                verify: bool = False) -> MountReport:
+    """Check one alias of a model against the mount contract (see `registry.serving.mount`): a report, whose
+    `escapes` (links out of their place) and `damaged` files (with `verify`: every file re-hashed) are apart."""
+    from registry.serving.mount import mount_check as run
+
+    check_name(name)
+    check_alias(alias)
+    return run(store, name, alias, mount_root=mount_root, verify=verify)
+
+
+def export_triton(store: LocalStore, ref: str, repo: str | Path, *, max_batch_size: int = 8,
+                  prefer: str = "auto") -> TritonExport:
+    """Write a Triton model repository entry for a version (links into the store, config.pbtxt, one rename);
+    `prefer`: `onnx`, `tensorrt` or `auto` (the TensorRT plans when the version has them)."""
+    from registry.serving import triton
+
+    return triton.export(store.resolve(parse_ref(ref)), Path(repo), max_batch_size=max_batch_size, prefer=prefer)
 
 
 def verify(store: Store, refs: Sequence[str] = (), *, all_versions: bool = False,

@@ -389,9 +389,10 @@ class GGUFConverter(ConverterBase):
         if len(requests) > 1 and any(r.options["type"] == "auto" for r in requests):
             raise UsageError("gguf:auto goes alone: its choice could be one of the other types asked for",
                              hint="convert gguf:auto in a command of its own (a version of its own)")
-        heap.keep_freed_memory()  # every chunk's arrays reuse the last one's pages (converters.gguf.heap)
+        # Every chunk's arrays reuse the last one's pages (converters.gguf.heap), for this conversion only.
         # In the staging tree (the store's filesystem): a killed run leaves nothing outside the store; gc sweeps it.
-        with tempfile.TemporaryDirectory(prefix=".gguf-src-", dir=first.workdir.parent) as tmp:
+        with heap.freed_memory_kept(), \
+                tempfile.TemporaryDirectory(prefix=".gguf-src-", dir=first.workdir.parent) as tmp:
             directory = first.link_source(Path(tmp))
             if first.options["type"] == "auto":
                 return [self._auto(first, directory)]

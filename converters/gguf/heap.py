@@ -12,25 +12,53 @@ holds at once: only the free memory that glibc would have returned is kept, up t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import functools
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 
 #: glibc's tunables, as environment variables (children read them at start) and mallopt parameters.
 TUNABLES = {"MALLOC_MMAP_THRESHOLD_": 32 << 20, "MALLOC_TRIM_THRESHOLD_": 128 << 20, "MALLOC_TOP_PAD_": 16 << 20}
 _MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2, "MALLOC_MMAP_THRESHOLD_": -3}
+#: glibc's own values (malloc.c, malloc-machine.h): what the process had before, unless it called mallopt itself.
+GLIBC_DEFAULTS = {name: 128 << 10 for name in TUNABLES}
+
+_lock = threading.Lock()
+_holders = 0  # conversions inside the scope now
+_took = False  # whether glibc took the tunables when the first of them entered
 
 
-@functools.cache
-def keep_freed_memory() -> bool:
-    """Set the tunables in this process (glibc's mallopt; unless the environment names its own); whether it could."""
+@contextlib.contextmanager
+def freed_memory_kept() -> Iterator[bool]:
+    """Set the tunables (glibc's mallopt; unless the environment names its own) for the duration; whether it could.
+
+    The host process's allocator is its own: the last of overlapping conversions puts glibc's values back.
+    (mallopt has no reader, and any call fixes glibc's sliding mmap threshold: after the first conversion it
+    stays at its starting value, 128 KiB.)
+    """
+    global _holders, _took
+    with _lock:
+        _holders += 1
+        if _holders == 1:
+            _took = _mallopt(TUNABLES)
+    try:
+        yield _took
+    finally:
+        with _lock:
+            _holders -= 1
+            if _holders == 0:
+                _mallopt(GLIBC_DEFAULTS)
+
+
+def _mallopt(values: Mapping[str, int]) -> bool:
+    """Set these glibc tunables in this process, but none that the environment names; whether glibc took each."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return all(mallopt(_MALLOPT[name], value) == 1 for name, value in TUNABLES.items() if name not in os.environ)
+    return all(mallopt(_MALLOPT[name], value) == 1 for name, value in values.items() if name not in os.environ)
 
 
 def child_env(base: Mapping[str, str]) -> dict[str, str]:

@@ -1,11 +1,14 @@
-"""Library chatter kept off stdout (it carries the one JSON document with --json) and known noise off stderr: used by
-the ONNX export and by the hf runtime (golden checks)."""
+"""Known noise of torch and transformers kept off stderr while mreg drives them: used by the ONNX export and by the hf
+runtime (golden checks).
+
+Only those libraries' own settings are touched, each restored on the way out: the root logger and `sys.stdout` are the
+host process's (the exporters print nothing with `verbose=False`; the CLI keeps its own stdout for the JSON document).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -13,10 +16,10 @@ from typing import Any
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """Keep library chatter off stdout (one JSON document there with --json) and known noise off stderr."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "")]
+    """Keep torch's and transformers' known noise off stderr for the duration."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo")]
     levels = [lg.level for lg in loggers]
-    with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+    with warnings.catch_warnings(), _root_guarded():
         warnings.simplefilter("ignore")
         for lg in loggers:
             lg.setLevel(logging.ERROR)
@@ -26,6 +29,24 @@ def quiet() -> Iterator[None]:
         finally:
             for lg, level in zip(loggers, levels, strict=True):
                 lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def _root_guarded() -> Iterator[None]:
+    """Leave the root logger as the host has it: a library that logs through it while it has no handler
+    (onnxruntime's quantizer calls `logging.warning`) would run `basicConfig` and leave a handler there. For the
+    duration such a root logger has one that shows errors only (on stderr, as logging's last resort would)."""
+    root = logging.getLogger()
+    if root.handlers:  # the host's own: its records go where the host sends them
+        yield
+        return
+    guard = logging.StreamHandler()
+    guard.setLevel(logging.ERROR)
+    root.addHandler(guard)
+    try:
+        yield
+    finally:
+        root.removeHandler(guard)
 
 
 @contextlib.contextmanager

@@ -108,12 +108,10 @@ def mount_check_cmd(name: str, alias: str, mount_root: str | None, full: bool, c
     violation; exit 4 when a symlink leads out of its place (the alias out of the root, or one on
     the way to the version's files): an engine would serve what is not the store's.
     """
-    from registry.serving.mount import mount_check
-
-    check_name(name)
+    check_name(name)  # before the store is opened: a bad name is refused as such, whatever --store says
     check_alias(alias)
-    report = mount_check(local_store(settings_for(config_path, store=store)), name, alias, mount_root=mount_root,
-                         verify=full)
+    report = api.mount_check(local_store(settings_for(config_path, store=store)), name, alias=alias,
+                             mount_root=mount_root, verify=full)
     failure: MregError | None = None
     if report.escapes:  # an engine would serve bytes that are not the store's: an integrity failure
         failure = IntegrityError(f"{name} {alias}: a symlink leads out of its place in the store",

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
+from registry import api
 from registry.cli.options import config_option, json_option, local_store, settings_for, store_option
 from registry.cli.render import Output
-from registry.refs import parse_ref
 
 
 @click.group("export")
@@ -34,12 +34,9 @@ def export_triton(ref: str, repo: Path, max_batch_size: int, prefer: str, config
     plan per compute capability (`cc_model_filenames`); config.pbtxt carries inputs, outputs and
     dims read from the ONNX graph, dynamic batching, and a version policy serving this version.
     """
-    from registry.serving import triton
-
-    st = local_store(settings_for(config_path, store=store))
-    v = st.resolve(parse_ref(ref))
-    out = triton.export(v, repo, max_batch_size=max_batch_size, prefer=prefer)
+    out = api.export_triton(local_store(settings_for(config_path, store=store)), ref, repo,
+                            max_batch_size=max_batch_size, prefer=prefer)
     Output(as_json).result(
-        {"name": v.name, "version": v.number, "platform": out.platform, "model_dir": str(out.model_dir),
+        {"name": out.name, "version": out.version, "platform": out.platform, "model_dir": str(out.model_dir),
          "version_dir": str(out.version_dir), "config": out.config},
-        f"✓ {v.name}@{v.number} → {out.version_dir} ({out.platform})")
+        f"✓ {out.name}@{out.version} → {out.version_dir} ({out.platform})")

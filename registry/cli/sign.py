@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from registry import api
 from registry.cli.options import config_option, json_option, local_store, settings_for, store_option
 from registry.cli.render import Output
-
-if TYPE_CHECKING:
-    from registry.store.protocol import Store, Version
-    from registry.store.trust import TrustPolicy
 
 _MARK = {"valid": "✓", "invalid": "✗", "untrusted": "?", "unchecked": "-"}
 
@@ -24,14 +20,6 @@ def result_line(doc: dict[str, Any]) -> str:
     """One line per verdict (a `result_doc`): mark, signer, key id, time, status and why."""
     return (f"{_MARK[doc['status']]} {doc['signer']} ({doc['method']} {doc['key_id'][:12]}…, {doc['at'][:19]}): "
             f"{doc['status']}, {doc['reason']}")
-
-
-def shown_signatures(store: Store, version: Version, trust: TrustPolicy) -> tuple[list[dict[str, Any]], list[str]]:
-    """What `show` lists (`registry.store.signatures.shown`), as documents and as lines."""
-    from registry.store.signatures import shown
-
-    docs = shown(store, version, trust)
-    return docs, [result_line(d) for d in docs]
 
 
 @click.command("sign")

@@ -19,15 +19,14 @@ from registry.cli.options import (
     store_option,
 )
 from registry.cli.render import Output, table
-from registry.cli.sign import result_line, shown_signatures
-from registry.errors import IntegrityError, ModelNotFound, NotFound, UsageError
-from registry.refs import check_name, parse_ref
+from registry.cli.sign import result_line
+from registry.errors import IntegrityError, UsageError
+from registry.refs import check_name
 from registry.units import human_size
 from registry.web.documents import aliases_at_doc
 
 if TYPE_CHECKING:
     from manifests import Artifact, BuildMachine, HistoryEntry
-    from registry.store.protocol import Store
     from registry.store.signatures import SignatureResult
     from registry.store.verify import VerifyReport
 
@@ -40,40 +39,30 @@ if TYPE_CHECKING:
 def list_cmd(name: str | None, config_path: str | None, store: str | None, as_json: bool) -> None:
     """List the models in the store, or the versions of one model."""
     st = any_store(settings_for(config_path, store=store))
-    if not st.is_store():
-        raise NotFound(f"there is no store at {st.location}",
-                       hint="check --store / MREG_STORE (`mreg config` shows which is used); "
-                            "`mreg convert` creates a store")
     out = Output(as_json)
-    problems: list[IntegrityError] = []
     if name is None:
-        models: list[dict[str, Any]] = []
-        for model in st.models():
-            numbers, aliases = _surveyed(st, model, problems)
-            models.append({"name": model, "versions": len(numbers), "aliases": aliases})
+        listing = api.list_models(st)
+        problems = list(listing.problems)
         failure = _stray_failure(problems)
-        out.result({"store": st.location, "models": models, "problems": [str(e) for e in problems]}, lambda: _with(
-            table([[m["name"], str(m["versions"]), ", ".join(f"{a}→{n}" for a, n in m["aliases"].items())]
-                   for m in models], ["MODEL", "VERSIONS", "ALIASES"]) if models else "(no models)", problems),
+        lines = [[m.name, str(len(m.versions)), ", ".join(f"{a}→{n}" for a, n in m.aliases.items())]
+                for m in listing.models]
+        out.result({"store": listing.location,
+                    "models": [{"name": m.name, "versions": len(m.versions), "aliases": m.aliases}
+                               for m in listing.models],
+                    "problems": [str(e) for e in problems]},
+                   lambda: _with(table(lines, ["MODEL", "VERSIONS", "ALIASES"]) if lines else "(no models)", problems),
                    failure=failure)
         if failure is not None:
             raise ReportedFailure(failure)
         return
-    check_name(name)
-    if name not in st.models():
-        raise ModelNotFound(name)
-    numbers, aliases = _surveyed(st, name, problems)
+    versions = api.list_versions(st, name)
+    problems = list(versions.problems)
     rows: list[dict[str, Any]] = []
-    for n in numbers:
-        try:
-            v = st.version(name, n)
-        except IntegrityError as e:  # named below; the other versions are still listed
-            problems.append(e)
-            continue
+    for v in versions.versions:
         m = v.manifest
         rows.append({
-            "version": n, "formats": [a.format for a in m.artifacts],
-            "aliases": sorted(a for a, t in aliases.items() if t == n),
+            "version": v.number, "formats": [a.format for a in m.artifacts],
+            "aliases": sorted(a for a, t in versions.aliases.items() if t == v.number),
             "source": f"{m.source.repo}@{m.source.commit[:12]}", "created": m.created.at.isoformat(),
             "manifest_sha256": v.manifest_sha256, "bytes": sum(f.size for a in m.artifacts for f in a.files),
         })
@@ -84,19 +73,6 @@ def list_cmd(name: str | None, config_path: str | None, store: str | None, as_js
         ["VERSION", "FORMATS", "ALIASES", "SOURCE", "SIZE", "CREATED", "MANIFEST"]), problems), failure=failure)
     if failure is not None:
         raise ReportedFailure(failure)
-
-
-def _surveyed(st: Store, name: str, problems: list[IntegrityError]) -> tuple[list[int], dict[str, int]]:
-    """A model's good versions and aliases; what is not mreg's (or cannot be read) goes to `problems`."""
-    numbers, strays = st.survey(name)
-    problems += strays
-    try:
-        aliases = st.aliases(name)
-    except IntegrityError as e:  # a bad alias: already among the strays of a local store
-        aliases = {}
-        if str(e) not in {str(p) for p in problems}:
-            problems.append(e)
-    return numbers, aliases
 
 
 def _stray_failure(problems: list[IntegrityError]) -> IntegrityError | None:
@@ -141,10 +117,10 @@ def show_cmd(ref: str, memory_gib: float | None, context: int | None, cache_type
 
     settings = settings_for(config_path, store=store)
     st = any_store(settings)
-    v = st.resolve(parse_ref(ref))
-    aliases = sorted(a for a, n in st.aliases(v.name).items() if n == v.number)
-    trust = api.trust_policy(settings, v.name)
-    sig_docs, sig_lines = shown_signatures(st, v, trust)  # untrusted, every one, where no policy is configured
+    # Signatures are judged by the model's policy: untrusted, every one, where no policy is configured.
+    details = api.show(st, ref, trust=lambda n: api.trust_policy(settings, n))
+    v, aliases, sig_docs = details.version, list(details.aliases), details.signatures
+    sig_lines = [result_line(d) for d in sig_docs]
     doc = {"name": v.name, "version": v.number, "path": v.path, "manifest_sha256": v.manifest_sha256,
            "aliases": aliases, "signatures": sig_docs, "manifest": manifest_json(v.manifest)}
     m = v.manifest
@@ -260,20 +236,17 @@ def history_cmd(name: str, alias: str | None, at: str | None, config_path: str |
     """Show every alias change of a model: who, when, from, to, why (with --at: the aliases as they were then)."""
     check_name(name)
     st = any_store(settings_for(config_path, store=store))
-    if not st.has_model(name):
-        raise ModelNotFound(name)  # as `show` says: a model that is not there has no history either
     if at is not None:
         from registry.release.aliases import parse_time
 
-        when = parse_time(at)
-        state = {a: e for a, e in api.aliases_at(st, name, when).items() if alias is None or a == alias}
-        doc = aliases_at_doc(name, when, state)
+        state = api.aliases_at(st, name, at, alias=alias)
+        doc = aliases_at_doc(name, parse_time(at), state)
         Output(as_json).result(doc, lambda: table(
             [[a, str(e["version"]), e["since"][:19], e["action"], e["by"], e["reason"] or ""]
              for a, e in doc["aliases"].items()],
             ["ALIAS", "VERSION", "SINCE", "ACTION", "BY", "WHY"]) if state else f"(no alias existed at {at})")
         return
-    entries = [e for e in st.history(name) if alias is None or e.alias == alias]
+    entries = api.history(st, name, alias=alias)
     docs = [e.model_dump(mode="json", by_alias=True) for e in entries]
     Output(as_json).result({"name": name, "entries": docs}, lambda: table(
         [[e.by.at.isoformat()[:19], e.alias, e.action, str(e.from_version or "-"), str(e.to_version),

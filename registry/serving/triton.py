@@ -40,8 +40,10 @@ class Tensor:
 
 @dataclass(frozen=True)
 class TritonExport:
-    """What an export wrote."""
+    """What an export wrote, for which version."""
 
+    name: str
+    version: int
     model_dir: Path
     version_dir: Path
     platform: str
@@ -130,7 +132,7 @@ def export(version: Version, repo: Path, *, max_batch_size: int = 8, prefer: str
         shutil.rmtree(stage, ignore_errors=True)
         raise
     atomic.write_bytes(model_dir / layout.TRITON_CONFIG, config.encode())
-    return TritonExport(model_dir, final, platform, config)
+    return TritonExport(version.name, version.number, model_dir, final, platform, config)
 
 
 def _link_plans(vpath: Path, art: Artifact, stage: Path) -> dict[str, str]:

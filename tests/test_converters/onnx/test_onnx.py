@@ -226,9 +226,21 @@ def test_encoder_exports_verifies_and_is_reused(mreg: Any, bert: Path, store_roo
 
 @needs_onnx
 def test_int8_with_offline_optimization(mreg: Any, bert: Path, store_root: Path) -> None:
+    import logging
+    import sys
+
     import onnx
 
-    doc = convert(mreg, bert, "onnx:optimize,int8")
+    root = logging.getLogger()
+    handlers, level, stdout = list(root.handlers), root.level, sys.stdout
+    root.handlers.clear()  # a host that configured no logging (pytest's handlers are put back below)
+    try:
+        doc = convert(mreg, bert, "onnx:optimize,int8")
+        # onnxruntime's quantizer logs through the root logger (`logging.warning`, which would run basicConfig):
+        # the host's logging and stdout are as they were.
+        assert root.handlers == [] and root.level == level and sys.stdout is stdout
+    finally:
+        root.handlers[:] = handlers
     art, tree = artifact(store_root, "m", doc["version"], "onnx")
     assert art["options"] == _opts(quantize="int8", optimize=True)
     v = art["verification"]
