@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from collections.abc import Mapping
+
+from registry.config import inherited
 
 #: glibc's tunables, as environment variables (children read them at start) and mallopt parameters.
 TUNABLES = {"MALLOC_MMAP_THRESHOLD_": 32 << 20, "MALLOC_TRIM_THRESHOLD_": 128 << 20, "MALLOC_TOP_PAD_": 16 << 20}
@@ -30,7 +31,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return all(mallopt(_MALLOPT[name], value) == 1 for name, value in TUNABLES.items() if name not in os.environ)
+    return all(mallopt(_MALLOPT[name], value) == 1 for name, value in TUNABLES.items() if name not in inherited())
 
 
 def child_env(base: Mapping[str, str]) -> dict[str, str]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from registry import layout
+from registry.config import inherited
 from registry.errors import EngineNotReady, MregError, UsageError
 from registry.release import aliases
 from registry.store.protocol import Store, Version
@@ -230,7 +231,7 @@ def _sh(command: str, env: dict[str, str], timeout: float, stdin: bytes | None =
         if stdin:
             given.write(stdin)
             given.seek(0)
-        proc = subprocess.Popen(["/bin/sh", "-c", command], env={**os.environ, **env},
+        proc = subprocess.Popen(["/bin/sh", "-c", command], env=inherited(**env),
                                 stdin=given if stdin else subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:

@@ -73,3 +73,40 @@ def test_a_bad_models_table_is_a_usage_error(table: dict[str, object], message: 
     with pytest.raises(UsageError, match=re.escape(message)) as caught:
         model_policy({"models": {"m": table}}, "m")
     assert caught.value.hint
+
+
+def test_config_env_lists_every_variable_with_its_value_and_origin(mreg: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.config import VARIABLES
+
+    cfg = tmp_path / "mreg.toml"
+    cfg.write_text(f'cache_dir = "{tmp_path / "from-config"}"\n')
+    monkeypatch.delenv("MREG_CACHE_DIR")
+    monkeypatch.setenv("MREG_USER", "ci-deploy")
+    monkeypatch.delenv("MREG_STALL_BYTES", raising=False)
+    monkeypatch.delenv("MREG_GGUF_DIRECT_IO", raising=False)
+    plain = mreg("config", "--config", cfg, "--json").json
+    assert "environment" not in plain, "without --env the document is what it always was"
+    doc = mreg("config", "--config", cfg, "--env", "--json").json
+    assert {k: v for k, v in doc.items() if k != "environment"} == plain
+    rows = {row["name"]: row for row in doc["environment"]}
+    assert list(rows) == [v.name for v in VARIABLES]
+    assert rows["MREG_USER"]["value"] == "ci-deploy" and rows["MREG_USER"]["origin"] == "env MREG_USER"
+    assert rows["MREG_CACHE_DIR"] == {**rows["MREG_CACHE_DIR"], "value": str(tmp_path / "from-config"),
+                                      "origin": f"config {cfg}"}
+    assert rows["MREG_STALL_BYTES"]["value"] == "1048576" and rows["MREG_STALL_BYTES"]["origin"] == "default"
+    assert rows["MREG_GGUF_DIRECT_IO"]["value"] is None and rows["MREG_GGUF_DIRECT_IO"]["origin"] == "unset"
+    assert all(row["meaning"] for row in rows.values())
+    text = mreg("config", "--env").stdout
+    assert all(v.name in text for v in VARIABLES) and "ci-deploy" in text and "env MREG_USER" in text
+
+
+def test_only_the_config_module_reads_the_environment() -> None:
+    """Every variable is read through its entry in registry/config.py's catalogue (click's envvar= included), so
+    that `mreg config --env` and the docs list them all and none is read in two places with two rules."""
+    root = Path(__file__).parents[2]
+    reads = re.compile(r"\b(environ|getenv|putenv|envvar)\b")
+    found = [f"{path.relative_to(root)}:{n}" for package in ("registry", "converters", "manifests")
+             for path in sorted((root / package).rglob("*.py")) if path != root / "registry" / "config.py"
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if reads.search(line)]
+    assert found == [], "read the environment through registry.config (declare a Variable there)"
