@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from converters.gguf import heap
+from registry import layout
 from registry.config import inherited, python_path
 
 
@@ -52,7 +53,7 @@ def child_env() -> dict[str, str]:
 
 def lock_path(cache: Path) -> Path:
     """The lock the reference child holds while it computes `cache`."""
-    return cache.with_name(cache.name + ".lock")
+    return layout.lock_beside(cache)
 
 
 def start(directory: Path, cache: Path, evaluation: tuple[Path, int] | None) -> Ahead:

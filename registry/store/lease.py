@@ -138,7 +138,7 @@ class FileSlot:
     def at(cls, path: Path) -> FileSlot:
         """The slot of a lease file found on disk (gc)."""
         slot = cls.__new__(cls)
-        slot.path, slot.guard, slot.where = path, path.with_suffix(".lock"), str(path)
+        slot.path, slot.guard, slot.where = path, layout.lease_lock(path), str(path)
         return slot
 
     def _read(self) -> tuple[bytes, str] | None:
