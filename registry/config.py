@@ -186,6 +186,17 @@ def load(config: str | None = None, cache_dir: str | None = None, store: str | N
     )
 
 
+def model_table(raw: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The config file's `[models.NAME]` table ({} when it has none), from its contents `raw`: the one reader of it.
+    Promotion hooks and requirements (registry.release.hooks), the trust policy (registry.store.trust) and the
+    rollout (registry.release.rollout) each take their keys from it."""
+    models = raw.get("models", {})
+    table = models.get(name, {}) if isinstance(models, dict) else None
+    if not isinstance(table, dict):
+        raise UsageError(f"[models.{name}] in the config file is not a table", hint="see the README's config section")
+    return table
+
+
 def resolve(variable: Variable, raw: Mapping[str, Any], path: Path) -> Setting:
     """The variable's value and its origin: the environment, then the config file `raw` read from `path` (for a
     variable with a config key), then its default; "unset" when none gives one."""

@@ -267,6 +267,12 @@ def s3_versions(name: str) -> tuple[str, ...]:
     return (MODELS, name, VERSIONS)
 
 
+def s3_url(location: str, parts: tuple[str, ...]) -> str:
+    """The s3:// URL of `parts` in the S3 store at `location` (`s3://bucket/prefix`): what a hook or a person is
+    told (a Path() of it would read `s3:/bucket/…`)."""
+    return "/".join([location.rstrip("/"), *parts])
+
+
 def s3_version(name: str, number: int) -> tuple[str, ...]:
     """The prefix of one version."""
     return (MODELS, name, VERSIONS, str(number))

@@ -101,12 +101,21 @@ def test_config_env_lists_every_variable_with_its_value_and_origin(mreg: Any, tm
     assert all(v.name in text for v in VARIABLES) and "ci-deploy" in text and "env MREG_USER" in text
 
 
-def test_only_the_config_module_reads_the_environment() -> None:
-    """Every variable is read through its entry in registry/config.py's catalogue (click's envvar= included), so
-    that `mreg config --env` and the docs list them all and none is read in two places with two rules."""
-    root = Path(__file__).parents[2]
-    reads = re.compile(r"\b(environ|getenv|putenv|envvar)\b")
-    found = [f"{path.relative_to(root)}:{n}" for package in ("registry", "converters", "manifests")
-             for path in sorted((root / package).rglob("*.py")) if path != root / "registry" / "config.py"
-             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if reads.search(line)]
-    assert found == [], "read the environment through registry.config (declare a Variable there)"
+
+@pytest.mark.parametrize("raw", [{"models": {"m": 5}}, {"models": ["m"]}, {"models": {"m": "x"}, "trust": {}}])
+def test_the_models_table_has_one_reader(raw: dict[str, object], tmp_path: Path) -> None:
+    """Hooks, the trust policy and the rollout read [models.NAME] through config.model_table: one shape check,
+    one message, whichever command reads it first (`verify --signatures` no longer skips a broken table)."""
+    from registry.config import model_table
+    from registry.errors import UsageError
+    from registry.release.hooks import model_policy
+    from registry.release.rollout import configured
+    from registry.store.trust import policy_for
+
+    readers = [lambda: model_table(raw, "m"), lambda: model_policy(raw, "m"), lambda: configured(raw, "m"),
+               lambda: policy_for(raw, "m", tmp_path)]
+    for read in readers:
+        with pytest.raises(UsageError, match=re.escape("[models.m] in the config file is not a table")):
+            read()
+    assert model_table({}, "m") == {} and model_table({"models": {"m": {"require": ["hf"]}}}, "m") == {
+        "require": ["hf"]}
