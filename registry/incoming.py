@@ -25,15 +25,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from registry.config import SECONDS, WHOLE, env_number
+from registry.config import MREG_MAX_LIST_PAGES, MREG_STALL_BYTES, MREG_STALL_SECONDS, SECONDS, WHOLE, env_number
 from registry.errors import IntegrityError, StoreUnreachable, UsageError
 
-STALL_BYTES_ENV = "MREG_STALL_BYTES"
-STALL_SECONDS_ENV = "MREG_STALL_SECONDS"
-MAX_LIST_PAGES_ENV = "MREG_MAX_LIST_PAGES"
-STALL_BYTES = 1 << 20
-STALL_SECONDS = 60.0
-MAX_LIST_PAGES = 10_000
+STALL_BYTES_ENV = MREG_STALL_BYTES.name
+STALL_SECONDS_ENV = MREG_STALL_SECONDS.name
+MAX_LIST_PAGES_ENV = MREG_MAX_LIST_PAGES.name
 T = TypeVar("T")
 
 @dataclass(frozen=True)
@@ -55,8 +52,8 @@ class StallFloor:
 
 def stall_floor() -> StallFloor:
     """The floor the environment sets (`MREG_STALL_BYTES`, `MREG_STALL_SECONDS`), else 1 MiB per 60 s."""
-    min_bytes = int(env_number(STALL_BYTES_ENV, WHOLE, str(STALL_BYTES), "a number of bytes (ASCII digits)"))
-    seconds = float(env_number(STALL_SECONDS_ENV, SECONDS, f"{STALL_SECONDS:g}", "a number of seconds over 0"))
+    min_bytes = int(env_number(MREG_STALL_BYTES, WHOLE, "a number of bytes (ASCII digits)"))
+    seconds = float(env_number(MREG_STALL_SECONDS, SECONDS, "a number of seconds over 0"))
     if seconds <= 0:
         raise UsageError(f"{STALL_SECONDS_ENV} must be over 0", hint=f"set {STALL_SECONDS_ENV} to seconds, or unset it")
     return StallFloor(min_bytes, seconds)
@@ -64,7 +61,7 @@ def stall_floor() -> StallFloor:
 
 def max_list_pages() -> int:
     """How many pages one listing may take (`MREG_MAX_LIST_PAGES`, else 10,000)."""
-    pages = int(env_number(MAX_LIST_PAGES_ENV, WHOLE, str(MAX_LIST_PAGES), "a number of pages (ASCII digits)"))
+    pages = int(env_number(MREG_MAX_LIST_PAGES, WHOLE, "a number of pages (ASCII digits)"))
     if pages < 1:
         raise UsageError(f"{MAX_LIST_PAGES_ENV} must be 1 or more", hint=f"unset {MAX_LIST_PAGES_ENV}")
     return pages

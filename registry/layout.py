@@ -5,6 +5,8 @@ Store::
     <store>/
       blobs/sha256/ab/ab12…              immutable, read-only, named by their sha256
       tmp/                               work and staging directories (same filesystem as blobs)
+      tmp/stage-<host>-<pid>-<token>/    a version being built (registry.store.staging)
+      tmp/<tree>.lock                    held by the writer of tmp/<tree> while it runs: gc removes only free trees
       tmp/oci-uploads/<sha>-<target>.json  chunked OCI uploads a killed push can resume (registry.oci.uploads)
       caches/<format>/…                  what converters keep to speed up rebuilds (TensorRT timing caches)
       caches/oci-image/ab/ab12….json     the digest of a file's tar layer (`push --as-image`), per blob and path
@@ -63,6 +65,8 @@ MANIFEST = "manifest.json"
 TOMBSTONE = ".deleted"
 HISTORY = "history.jsonl"
 ALIAS_LOCK = ".lock"
+LOCK_SUFFIX = ".lock"
+STAGE_PREFIX = "stage-"
 
 LOCKS = "locks"
 CHECKS = "checks"
@@ -118,6 +122,17 @@ def tmp_dir(root: Path) -> Path:
     return root / TMP
 
 
+def staging_dir(root: Path, host: str, pid: int, token: str) -> Path:
+    """A version tree being built; its name says by which host and process, so that a killed one is known."""
+    return tmp_dir(root) / f"{STAGE_PREFIX}{host}-{pid}-{token}"
+
+
+def lock_beside(path: Path) -> Path:
+    """The lock that guards `path` while it is written (a tree under tmp/, a converter's cache file): its name
+    and `.lock`, beside it. Kept after use: unlinking a lock races its next holder."""
+    return path.with_name(path.name + LOCK_SUFFIX)
+
+
 def caches_dir(root: Path) -> Path:
     """Directory of converters' rebuild caches: never part of a version, safe to delete."""
     return root / CACHES
@@ -125,12 +140,17 @@ def caches_dir(root: Path) -> Path:
 
 def conversion_lock(root: Path, name: str, key: str) -> Path:
     """The lock that serializes runs of one conversion (same model name, same conversion key)."""
-    return root / LOCKS / f"convert-{name}-{key[:32]}.lock"
+    return root / LOCKS / f"convert-{name}-{key[:32]}{LOCK_SUFFIX}"
 
 
 def conversion_lease(root: Path, name: str, key: str) -> Path:
     """The lease of one conversion in progress (guarded by `conversion_lock`): who holds it, until when."""
     return conversion_lock(root, name, key).with_suffix(LEASE_SUFFIX)
+
+
+def lease_lock(lease: Path) -> Path:
+    """The `conversion_lock` of a lease file found on disk."""
+    return lease.with_suffix(LOCK_SUFFIX)
 
 
 def locks_dir(root: Path) -> Path:
@@ -247,6 +267,12 @@ def s3_versions(name: str) -> tuple[str, ...]:
     return (MODELS, name, VERSIONS)
 
 
+def s3_url(location: str, parts: tuple[str, ...]) -> str:
+    """The s3:// URL of `parts` in the S3 store at `location` (`s3://bucket/prefix`): what a hook or a person is
+    told (a Path() of it would read `s3:/bucket/…`)."""
+    return "/".join([location.rstrip("/"), *parts])
+
+
 def s3_version(name: str, number: int) -> tuple[str, ...]:
     """The prefix of one version."""
     return (MODELS, name, VERSIONS, str(number))
@@ -356,6 +382,11 @@ OCI_LAYOUT_FILE = "oci-layout"
 OCI_INDEX_FILE = "index.json"
 
 
+def oci_index_lock(directory: Path) -> Path:
+    """Serializes the writers of an OCI image layout's index.json."""
+    return lock_beside(directory / OCI_INDEX_FILE)
+
+
 def oci_blob_path(root: Path, digest: str) -> Path:
     """A blob of an OCI image layout (`sha256:HEX` → `blobs/sha256/HEX`)."""
     algo, _, hexdigest = digest.partition(":")
@@ -373,3 +404,30 @@ OCI_UPLOADS = "oci-uploads"
 def oci_uploads_dir(root: Path) -> Path:
     """Where a store keeps the OCI upload sessions of its pushes (under tmp/, so gc sweeps it like staging)."""
     return root / TMP / OCI_UPLOADS
+
+
+def oci_uploads_lock(root: Path) -> Path:
+    """Held shared by every running push, exclusively by gc (the lock of a tree under tmp/, `lock_beside`)."""
+    return lock_beside(oci_uploads_dir(root))
+
+
+def oci_upload_session(directory: Path, blob_hex: str, target_hash: str) -> Path:
+    """One blob's upload session to one target (`blob_hex` "*" gives the glob of the target's sessions)."""
+    return directory / f"{blob_hex}-{target_hash}.json"
+
+
+def oci_upload_lock(session: Path) -> Path:
+    """Held by the push that sends the session's blob."""
+    return session.with_suffix(LOCK_SUFFIX)
+
+
+# -- OCI images (`push --as-image`): the digest of each file's tar layer, kept per blob and path --------------
+#
+#     <store>/caches/oci-image/ab/ab12….json
+
+OCI_IMAGE_CACHE = "oci-image"
+
+
+def oci_image_cache(root: Path, key: str) -> Path:
+    """Where the tar layer digest of one (blob, path) is kept: `key` is their sha256 (registry.oci.image)."""
+    return caches_dir(root) / OCI_IMAGE_CACHE / key[:2] / f"{key}.json"

@@ -10,9 +10,10 @@ import socket
 
 from manifests import Provenance
 from registry import __version__
+from registry.config import MREG_USER
 from registry.errors import UsageError
 
-USER_ENV = "MREG_USER"
+USER_ENV = MREG_USER.name
 #: Longer than any account or CI job name; history lines stay readable.
 MAX_USER = 256
 
@@ -30,7 +31,7 @@ def now() -> Provenance:
 
 def user() -> str:
     """Who is acting: $MREG_USER (refused unless one printable line: `mreg history` prints it), else the login."""
-    given = os.environ.get(USER_ENV)
+    given = MREG_USER.value()
     if given:
         if not given.isprintable() or len(given) > MAX_USER:
             raise UsageError(f"{USER_ENV} holds control characters or is longer than {MAX_USER} characters: "

@@ -70,3 +70,17 @@ def test_the_committed_benchmarks_page_is_what_render_writes() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "render.py"), "--check"], cwd=ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_environment_table_lists_the_catalogue() -> None:
+    """The page's "Read by mreg" table names every variable registry.config declares, and no MREG_* variable that
+    the catalogue does not declare (a variable read without its entry would escape `mreg config --env`)."""
+    from registry.config import VARIABLES
+
+    page = (ROOT / "docs" / "reference" / "environment.md").read_text(encoding="utf-8")
+    section = page.split("## Read by mreg", 1)[1].split("\n## ", 1)[0]
+    listed = {name for row in section.splitlines() if row.startswith("| `")
+              for name in re.findall(r"`([A-Z][A-Z0-9_]*)`", row.split(" | ")[0])}
+    declared = {v.name for v in VARIABLES}
+    assert declared - listed == set(), "add these to the table of docs/reference/environment.md"
+    assert {n for n in listed if n.startswith("MREG_")} - declared == set(), "declare these in registry/config.py"

@@ -47,6 +47,7 @@ from converters.gguf.quants import Floats, backend, ggml_available, needs_ggml, 
 from converters.gguf.quants import check_settings as check_quantizer
 from manifests import Artifact, GGUFImportance, GGUFRequirements, GGUFSelection, Manifest, Verification
 from registry import atomic
+from registry.config import MREG_GGUF_QUANTIZER
 from registry.convert.configs import check_configs
 from registry.convert.protocol import (
     ConversionRequest,
@@ -287,7 +288,7 @@ def _refuse_unencodable(planned: Sequence[GGUFPlan], weighted: Sequence[bool]) -
             if odd:
                 raise UsageError(f"gguf:{p.file_type}{' with an importance matrix' if w else ''} takes llama.cpp's "
                                  f"encoder ({', '.join(odd)}), and llama-cpp-python is not installed"
-                                 f"{' or MREG_GGUF_QUANTIZER=numpy' if os.environ.get('MREG_GGUF_QUANTIZER') else ''}",
+                                 f"{' or MREG_GGUF_QUANTIZER=numpy' if MREG_GGUF_QUANTIZER.value() else ''}",
                                  hint="pip install 'mreg[gguf]' (llama-cpp-python), and unset MREG_GGUF_QUANTIZER")
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from registry.config import MREG_GGUF_DIRECT_IO
 from registry.digest import EarlyWriteback
 from registry.errors import UsageError
 
@@ -219,13 +220,13 @@ class HashingWriter:
 DIRECT_MIN_BYTES = 1 << 30
 
 
-DIRECT_IO_ENV = "MREG_GGUF_DIRECT_IO"
+DIRECT_IO_ENV = MREG_GGUF_DIRECT_IO.name
 
 
 def direct_io_setting() -> bool | None:
     """MREG_GGUF_DIRECT_IO: 1 (always around the page cache), 0 (never), unset (decided by size); anything else
     is a usage error, so that a typo does not silently fall back to the size rule."""
-    value = os.environ.get(DIRECT_IO_ENV)
+    value = MREG_GGUF_DIRECT_IO.value()
     if not value:
         return None
     if value not in ("0", "1"):

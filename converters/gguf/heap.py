@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import threading
 from collections.abc import Iterator, Mapping
+
+from registry.config import inherited
 
 #: glibc's tunables, as environment variables (children read them at start) and mallopt parameters.
 TUNABLES = {"MALLOC_MMAP_THRESHOLD_": 32 << 20, "MALLOC_TRIM_THRESHOLD_": 128 << 20, "MALLOC_TOP_PAD_": 16 << 20}
@@ -58,7 +59,7 @@ def _mallopt(values: Mapping[str, int]) -> bool:
     except (OSError, AttributeError):  # not glibc
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return all(mallopt(_MALLOPT[name], value) == 1 for name, value in values.items() if name not in os.environ)
+    return all(mallopt(_MALLOPT[name], value) == 1 for name, value in values.items() if name not in inherited())
 
 
 def child_env(base: Mapping[str, str]) -> dict[str, str]:

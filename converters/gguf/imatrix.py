@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import numpy as np
 from converters.gguf.file import HashingWriter, TensorInfo, header
 from converters.gguf.model import _EXPERT, ModelPlan
 from converters.gguf.quants.blocks import Floats
+from registry.config import inherited, python_path
 from registry.digest import sha256_file
 from registry.errors import MregError, UsageError
 from registry.inputs import open_input
@@ -286,8 +286,7 @@ def compute(directory: Path, text: Path, dest: Path, chunk_size: int, dataset: s
     keeps the parent's memory flat; its failure is one line here.
     """
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-           "OPENBLAS_NUM_THREADS": "1"}
+    env = inherited(PYTHONPATH=python_path(root), OPENBLAS_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "converters.gguf.imatrix", str(directory), str(text), str(dest), str(chunk_size),
            dataset]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from converters.gguf import heap
+from registry import layout
+from registry.config import inherited, python_path
 
 
 @dataclass
@@ -46,13 +48,12 @@ def child_env() -> dict[str, str]:
     root = Path(__file__).resolve().parents[2]
     # The reference forward pass runs its own thread pool: OpenBLAS threads on top of it are many times slower.
     # Both children stream the weights block by block, so they keep freed memory as the writer does (heap).
-    return heap.child_env({**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-                           "OPENBLAS_NUM_THREADS": "1"})
+    return heap.child_env(inherited(PYTHONPATH=python_path(root), OPENBLAS_NUM_THREADS="1"))
 
 
 def lock_path(cache: Path) -> Path:
     """The lock the reference child holds while it computes `cache`."""
-    return cache.with_name(cache.name + ".lock")
+    return layout.lock_beside(cache)
 
 
 def start(directory: Path, cache: Path, evaluation: tuple[Path, int] | None) -> Ahead:

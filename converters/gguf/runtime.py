@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from typing import Any, Literal
 
 from converters.gguf.llama import crashed
 from manifests import Artifact, Manifest
+from registry.config import inherited, python_path
 from registry.convert.protocol import Embedding, Generation
 from registry.errors import UsageError
 
@@ -36,7 +36,7 @@ class GGUFSession:
         info = manifest.model
         trained = info.context_length if info and info.context_length else 2048
         root = Path(__file__).resolve().parents[2]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+        env = inherited(PYTHONPATH=python_path(root))
         # The child's stderr, for the last line of a crash; unlinked at once, so nothing is left behind.
         self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - open for the session's life, closed in close()
         self._child = subprocess.Popen(

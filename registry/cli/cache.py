@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from registry import api
+from registry import api, config
 from registry.cli.options import (
     cache_option,
     config_option,
@@ -18,7 +17,7 @@ from registry.cli.options import (
     settings_for,
     store_option,
 )
-from registry.cli.render import Output
+from registry.cli.render import Output, table
 from registry.units import human_size
 
 if TYPE_CHECKING:
@@ -29,23 +28,34 @@ if TYPE_CHECKING:
 @config_option
 @cache_option
 @store_option
+@click.option("--env", "show_env", is_flag=True,
+              help="Also list every environment variable mreg reads, its value and where that came from "
+                   "(the environment, the config file or the default).")
 @json_option
-def config_cmd(config_path: str | None, cache_dir: str | None, store: str | None, as_json: bool) -> None:
+def config_cmd(config_path: str | None, cache_dir: str | None, store: str | None, show_env: bool,
+               as_json: bool) -> None:
     """Show where the cache and the store are, and where each setting came from."""
     s = settings_for(config_path, cache_dir, store)
-    doc = {
+    doc: dict[str, Any] = {
         "config_file": str(s.config_path),
         "config_file_exists": s.config_exists,
         "cache_dir": {"value": s.cache_dir.value, "origin": s.cache_dir.origin},
         "store": {"value": s.store.value, "origin": s.store.origin},
-        "hf_endpoint": os.environ.get("HF_ENDPOINT"),
+        "hf_endpoint": config.HF_ENDPOINT.value(),
     }
-    Output(as_json).result(doc, lambda: "\n".join([
+    lines = [
         f"config file  {s.config_path}{'' if s.config_exists else ' (absent)'}",
         f"cache dir    {s.cache_dir.value or '(not set)'}  [{s.cache_dir.origin}]",
         f"store        {s.store.value or '(not set)'}  [{s.store.origin}]",
-        f"hub endpoint {os.environ.get('HF_ENDPOINT') or 'https://huggingface.co (default)'}",
-    ]))
+        f"hub endpoint {config.HF_ENDPOINT.value() or f'{config.HF_ENDPOINT.default} (default)'}",
+    ]
+    if show_env:
+        found = [(v, config.resolve(v, s.raw, s.config_path)) for v in config.VARIABLES]
+        doc["environment"] = [{"name": v.name, "value": got.value, "origin": got.origin, "meaning": v.meaning}
+                              for v, got in found]
+        lines += ["", table([[v.name, got.value or "(not set)", got.origin, v.meaning] for v, got in found],
+                            ["VARIABLE", "VALUE", "ORIGIN", "WHAT IT DOES"])]
+    Output(as_json).result(doc, "\n".join(lines))
 
 
 def snapshot_doc(snap: Snapshot) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import click
 from registry import __version__
 from registry.cli.options import EVENTS_KEY, JSON_KEY
 from registry.cli.render import Output
+from registry.config import MREG_DEBUG
 from registry.errors import EXIT_CODES, MregError, PermissionDenied, UsageError
 
 #: errno values of a filesystem that refuses: permission denied, not permitted, read-only.
@@ -63,7 +64,7 @@ class MregGroup(click.Group):
             Output(False).error(e.error)
             ctx.exit(e.error.exit_code)
         except MregError as e:
-            if os.environ.get("MREG_DEBUG"):
+            if MREG_DEBUG.value():
                 traceback.print_exc()
             Output(self._json(ctx)).error(e)
             ctx.exit(e.exit_code)

@@ -12,7 +12,7 @@ import click
 
 from registry import api
 from registry.cli.render import BarProgress
-from registry.config import Settings
+from registry.config import HF_ENDPOINT, Settings
 from registry.errors import UsageError
 
 if TYPE_CHECKING:  # boto3 loads with the S3 store only: `mreg --help` stays fast
@@ -107,7 +107,7 @@ def json_option(f: F) -> F:
 
 def config_option(f: F) -> F:
     """`--config`."""
-    return click.option("--config", "config_path", metavar="FILE", envvar="MREG_CONFIG",
+    return click.option("--config", "config_path", metavar="FILE",
                         help="Config file (TOML). Default: $XDG_CONFIG_HOME/mreg/config.toml.")(f)
 
 
@@ -136,6 +136,10 @@ def cache_option(f: F) -> F:
                         help="Cache root. Else $MREG_CACHE_DIR, else `cache_dir` in the config file.")(f)
 
 
+#: `--endpoint`: the hub's URL, else $HF_ENDPOINT (read through the catalogue, not by click), else the hub's default.
+hub_endpoint_option = click.option("--endpoint", default=HF_ENDPOINT.value, metavar="URL",
+                                   help="Hub endpoint (default $HF_ENDPOINT).")
+
 insecure_option = click.option(
     "--insecure", is_flag=True,
     help="OCI: plain HTTP, allowed only for a registry on this machine (loopback test registries).")
@@ -149,7 +153,7 @@ def pull_options(f: F) -> F:
         click.option("--allow-pickle", is_flag=True,
                      help="Also fetch pickle weights (.bin/.pt/.pth/.ckpt/.pkl); they can run code when loaded."),
         click.option("--offline", is_flag=True, help="Use only the cache; never contact the hub."),
-        click.option("--endpoint", envvar="HF_ENDPOINT", metavar="URL", help="Hub endpoint (default $HF_ENDPOINT)."),
+        hub_endpoint_option,
         insecure_option,
     ]):
         f = opt(f)

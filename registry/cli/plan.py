@@ -14,6 +14,7 @@ from registry.cli.options import (
     cache_option,
     config_option,
     endpoint_option,
+    hub_endpoint_option,
     json_option,
     quiet_hub,
     settings_for,
@@ -36,7 +37,7 @@ ENGINES = ("github", "gitlab", "k8s-job", "argo", "json")
 @click.option("--image", default="mreg:latest", show_default=True, metavar="IMAGE",
               help="k8s-job, argo: the container image with mreg (and the converters' tools).")
 @click.option("--offline", is_flag=True, help="Use only the cache for hub sources; never contact the hub.")
-@click.option("--endpoint", envvar="HF_ENDPOINT", metavar="URL", help="Hub endpoint (default $HF_ENDPOINT).")
+@hub_endpoint_option
 @config_option
 @cache_option
 @endpoint_option

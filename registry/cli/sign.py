@@ -3,13 +3,12 @@ and how signatures and their verdicts are rendered by `show` and `verify --signa
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import click
 
-from registry import api
+from registry import api, config
 from registry.cli.options import config_option, json_option, local_store, settings_for, store_option
 from registry.cli.render import Output
 
@@ -46,7 +45,7 @@ def sign_cmd(ref: str, key: Path | None, certificate: Path | None, chain: tuple[
     judges signatures against the `[trust]` policy, and `promote --require signature` insists on
     a valid one. The files are hashed and checked against the manifest first (exit 4 if they differ).
     """
-    password = os.environ.get(password_env) if password_env else None
+    password = config.named(password_env) if password_env else None
     st = local_store(settings_for(config_path, store=store))
     rec = api.sign(st, ref, key=key, certificate=certificate, chain=chain, password=password, signer=signer,
                    import_bundle=import_bundle)

@@ -18,6 +18,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from registry.config import DOCKER_CONFIG, REGISTRY_AUTH_FILE
 from registry.errors import UsageError
 from registry.inputs import read_input
 
@@ -32,10 +33,10 @@ class Credentials:
 
 def auth_file() -> Path:
     """The file that holds registry credentials (which may not exist)."""
-    if os.environ.get("REGISTRY_AUTH_FILE"):
-        return Path(os.environ["REGISTRY_AUTH_FILE"])
-    if os.environ.get("DOCKER_CONFIG"):
-        return Path(os.environ["DOCKER_CONFIG"]) / "config.json"
+    if named := REGISTRY_AUTH_FILE.value():
+        return Path(named)
+    if directory := DOCKER_CONFIG.value():
+        return Path(directory) / "config.json"
     return Path.home() / ".docker" / "config.json"
 
 

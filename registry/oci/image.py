@@ -131,7 +131,7 @@ def layer_digest(layer: TarLayer, advance: Progress | None = None) -> str:
 
 def _cache_path(store_root: Path, blob_sha256: str, path: str) -> Path:
     key = hashlib.sha256(f"{TAR_VERSION}\0{blob_sha256}\0{path}".encode()).hexdigest()
-    return layout.caches_dir(store_root) / "oci-image" / key[:2] / f"{key}.json"
+    return layout.oci_image_cache(store_root, key)
 
 
 def _cached(cache: Path, size: int) -> str | None:

@@ -113,8 +113,7 @@ class LayoutTarget:
         """Write the manifest blob, then the index with the tag moved to it (one rename)."""
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         self._write(digest, iter([data]))
-        lock = self.root / f"{layout.OCI_INDEX_FILE}.lock"  # kept: unlinking it would race the next writer
-        with atomic.flock(lock):
+        with atomic.flock(layout.oci_index_lock(self.root)):
             index = retag(self._index(), digest, media_type, len(data), tag)
             atomic.write_bytes(self.root / layout.OCI_INDEX_FILE, json.dumps(index, indent=2).encode())
 
@@ -133,7 +132,7 @@ class LayoutTarget:
         """Write the manifest blob, then list it in the index, untagged (once)."""
         entry = referrers.descriptor(data, media_type)
         self._write(entry["digest"], iter([data]))
-        with atomic.flock(self.root / f"{layout.OCI_INDEX_FILE}.lock"):
+        with atomic.flock(layout.oci_index_lock(self.root)):
             index = with_referrer(self._index(), entry)
             if index is not None:
                 atomic.write_bytes(self.root / layout.OCI_INDEX_FILE, json.dumps(index, indent=2).encode())

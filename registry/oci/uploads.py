@@ -64,7 +64,7 @@ class UploadSessions:
         self._suffix = hashlib.sha256(target.encode()).hexdigest()[:16]
 
     def _path(self, digest: str) -> Path:
-        return self.directory / f"{digest.split(':', 1)[1]}-{self._suffix}.json"
+        return layout.oci_upload_session(self.directory, digest.split(":", 1)[1], self._suffix)
 
     def load(self, digest: str, size: int) -> UploadSession | None:
         """The session of a blob, if one was saved for this target, digest and size (anything else is dropped)."""
@@ -99,15 +99,15 @@ class UploadSessions:
     def claim(self, digest: str) -> Iterator[bool]:
         """Hold a blob's session for this process (an flock beside it); yields False when another push holds it."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        with atomic.flock(self._path(digest).with_suffix(".lock"), blocking=False) as got:
+        with atomic.flock(layout.oci_upload_lock(self._path(digest)), blocking=False) as got:
             yield got
 
     def clear(self) -> None:
         """Forget every session of this target no push holds (a push of it succeeded: nothing is left to resume).
         The `.lock` files stay (unlinking one would race its next holder); gc removes the directory."""
         if self.directory.is_dir():
-            for p in self.directory.glob(f"*-{self._suffix}.json"):
-                with atomic.flock(p.with_suffix(".lock"), blocking=False) as got:
+            for p in self.directory.glob(layout.oci_upload_session(self.directory, "*", self._suffix).name):
+                with atomic.flock(layout.oci_upload_lock(p), blocking=False) as got:
                     if got:
                         p.unlink(missing_ok=True)
 
@@ -115,5 +115,5 @@ class UploadSessions:
 @contextlib.contextmanager
 def pushing(root: Path) -> Iterator[None]:
     """Held by a push while it runs, so gc leaves its sessions alone (gc takes the lock exclusively)."""
-    with atomic.flock(layout.tmp_dir(root) / f"{layout.OCI_UPLOADS}.lock", shared=True):
+    with atomic.flock(layout.oci_uploads_lock(root), shared=True):
         yield

@@ -17,10 +17,10 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from registry import layout
+from registry.config import inherited, model_table
 from registry.errors import EngineNotReady, MregError, UsageError
 from registry.release import aliases
 from registry.store.protocol import Store, Version
@@ -124,10 +124,7 @@ _CONFIG_KEYS = {"reload": "reload_cmd", "reload_url": "reload_url", "ready_url":
 def model_policy(raw: dict[str, Any], name: str) -> tuple[Hooks, tuple[str, ...]]:
     """What the config file's `[models.NAME]` table asks of promotions: hooks (reload, reload_url, ready_url,
     ready_cmd, ready_timeout) and requirements (`require = ["hf", "check:smoke"]`)."""
-    models = raw.get("models", {})
-    table = models.get(name, {}) if isinstance(models, dict) else None
-    if not isinstance(table, dict):
-        raise UsageError(f"[models.{name}] in the config file is not a table", hint="see the README's config section")
+    table = model_table(raw, name)
     known = {*_CONFIG_KEYS, "require", "trust", "rollout"}  # rollout: registry.release.rollout reads it
     unknown = set(table) - known
     if unknown:
@@ -230,7 +227,7 @@ def _sh(command: str, env: dict[str, str], timeout: float, stdin: bytes | None =
         if stdin:
             given.write(stdin)
             given.seek(0)
-        proc = subprocess.Popen(["/bin/sh", "-c", command], env={**os.environ, **env},
+        proc = subprocess.Popen(["/bin/sh", "-c", command], env=inherited(**env),
                                 stdin=given if stdin else subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -315,8 +312,9 @@ def promote_with_hooks(store: Store, name: str, version: Version, hooks: Hooks, 
            "MREG_FROM_VERSION": str(change.from_version or ""), "MREG_STORE": store.location}
     interrupted = False
     try:
-        env["MREG_PATH"] = store.alias_mount(name, alias) or str(layout.alias_path(Path(store.location), name,
-                                                                                   alias))
+        # The path an engine mounts; an S3 alias is synced, not mounted: its record's URL names it.
+        env["MREG_PATH"] = store.alias_mount(name, alias) or layout.s3_url(store.location,
+                                                                           layout.s3_alias(name, alias))
         with _terminate_as_interrupt():
             report = run_hooks(hooks, env)
     except Exception as e:  # noqa: BLE001 - run_hooks reports its own; this is the mount path's lookup

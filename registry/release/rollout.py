@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from manifests import GateResult, HistoryEntry, RolloutRecord, RolloutStep
 from registry import layout, provenance
+from registry.config import model_table
 from registry.errors import Conflict, EngineNotReady, GateRefused, MregError, NotFound, UsageError
 from registry.refs import check_alias, check_name
 from registry.release import hooks
@@ -97,9 +98,7 @@ CONFIG_KEYS = ("steps", "interval", "gates", "apply", "apply_target")
 
 def configured(raw: dict[str, Any], name: str) -> dict[str, Any]:
     """The config file's `[models.NAME.rollout]` table (steps, interval, gates, apply), its types checked."""
-    models = raw.get("models", {})
-    table = models.get(name, {}) if isinstance(models, dict) else {}
-    conf = table.get("rollout", {}) if isinstance(table, dict) else {}
+    conf = model_table(raw, name).get("rollout", {})
     where = f"[models.{name}.rollout]"
     if not isinstance(conf, dict):
         raise UsageError(f"{where} in the config file is not a table", hint="e.g. steps = [5, 25, 100]")

@@ -133,7 +133,7 @@ def _stale_staging(store: LocalStore) -> list[Path]:
     for p in sorted(store.tmp.iterdir()):
         atomic.require_no_link(store.root, p, "interrupted write")
         if p.is_dir():
-            with atomic.flock(store.tmp / (p.name + ".lock"), blocking=False) as got:
+            with atomic.flock(layout.lock_beside(p), blocking=False) as got:
                 if got:
                     out.append(p)
     return out
@@ -174,7 +174,7 @@ def execute_gc(store: LocalStore, plan: GCPlan) -> GCPlan:
         removed_staging = []
         for s in plan.staging:
             p = Path(s)
-            lock = store.tmp / (p.name + ".lock")
+            lock = layout.lock_beside(p)
             with atomic.flock(lock, blocking=False) as free:
                 if free and p.exists():
                     atomic.remove_tree(p, root=store.root)

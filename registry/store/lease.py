@@ -25,17 +25,14 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from registry import atomic, layout
-from registry.config import SECONDS, env_number
+from registry.config import MREG_LEASE_SECONDS, SECONDS, env_number
 from registry.errors import Conflict, MregError, UsageError
-
-#: The lease's lifetime without a renewal: how long a lost holder (a dead node) keeps the others waiting.
-DEFAULT_LEASE_S = 60.0
 
 
 def lease_seconds() -> float:
     """The lease duration: $MREG_LEASE_SECONDS, else 60; renewed every third of it."""
     what = "a number of seconds between 0.5 and 86400"
-    value = float(env_number("MREG_LEASE_SECONDS", SECONDS, f"{DEFAULT_LEASE_S:g}", what))
+    value = float(env_number(MREG_LEASE_SECONDS, SECONDS, what))
     if not 0.5 <= value <= 86400:
         raise UsageError(f"MREG_LEASE_SECONDS={value:g} is not {what}",
                          hint="unset it (60 s) or give e.g. MREG_LEASE_SECONDS=120")
@@ -141,7 +138,7 @@ class FileSlot:
     def at(cls, path: Path) -> FileSlot:
         """The slot of a lease file found on disk (gc)."""
         slot = cls.__new__(cls)
-        slot.path, slot.guard, slot.where = path, path.with_suffix(".lock"), str(path)
+        slot.path, slot.guard, slot.where = path, layout.lease_lock(path), str(path)
         return slot
 
     def _read(self) -> tuple[bytes, str] | None:

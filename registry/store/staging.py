@@ -44,7 +44,7 @@ class StagingStore(Protocol):
 
 def _dead_here(name: str) -> bool:
     """Whether a staging tree's name says it was made on this host by a process that no longer exists."""
-    host, _, rest = name.removeprefix("stage-").rpartition("-")[0].rpartition("-")
+    host, _, rest = name.removeprefix(layout.STAGE_PREFIX).rpartition("-")[0].rpartition("-")
     if host != socket.gethostname() or not (rest.isascii() and rest.isdigit() and len(rest) <= 9):
         return False
     try:
@@ -60,10 +60,10 @@ def sweep_dead(store: StagingStore) -> list[Path]:
     """Remove the staging trees that writers killed on this host left (their process gone, their lock free), so
     that a serving node retrying a killed conversion does not fill its disk; gc removes the rest. Returns them."""
     removed: list[Path] = []
-    for p in store.tmp.glob("stage-*"):
-        if p.name.endswith(".lock") or p.is_symlink() or not p.is_dir() or not _dead_here(p.name):
+    for p in store.tmp.glob(layout.STAGE_PREFIX + "*"):
+        if p.name.endswith(layout.LOCK_SUFFIX) or p.is_symlink() or not p.is_dir() or not _dead_here(p.name):
             continue
-        lock = store.tmp / (p.name + ".lock")
+        lock = layout.lock_beside(p)
         with atomic.flock(lock, blocking=False) as free:
             if not free:
                 continue
@@ -91,8 +91,8 @@ class Staging:
         self.name = name
         store.tmp.mkdir(parents=True, exist_ok=True)
         atomic.require_no_link(store.root, store.tmp, "staging")  # a version must be built inside the store
-        self.path = store.tmp / f"stage-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        self.lock_path = store.tmp / (self.path.name + ".lock")
+        self.path = layout.staging_dir(store.root, socket.gethostname(), os.getpid(), uuid.uuid4().hex[:12])
+        self.lock_path = layout.lock_beside(self.path)
         self._lock = contextlib.ExitStack()
         # Held for the staging tree's lifetime: gc removes only trees whose lock it can take.
         self._lock.enter_context(atomic.flock(self.lock_path))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from registry.config import model_table
 from registry.errors import UsageError
 
 
@@ -57,9 +58,7 @@ class TrustPolicy:
 
 def policy_for(raw: dict[str, Any], name: str, base: Path) -> TrustPolicy:
     """The trust policy for model `name` from the config file's contents (`base`: its directory)."""
-    models = raw.get("models", {})
-    table = models.get(name, {}).get("trust") if isinstance(models, dict) and isinstance(
-        models.get(name, {}), dict) else None
+    table = model_table(raw, name).get("trust")
     if table is not None:
         return _parse(table, f"[models.{name}.trust]", base)
     if "trust" in raw:

@@ -73,3 +73,49 @@ def test_a_bad_models_table_is_a_usage_error(table: dict[str, object], message: 
     with pytest.raises(UsageError, match=re.escape(message)) as caught:
         model_policy({"models": {"m": table}}, "m")
     assert caught.value.hint
+
+
+def test_config_env_lists_every_variable_with_its_value_and_origin(mreg: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.config import VARIABLES
+
+    cfg = tmp_path / "mreg.toml"
+    cfg.write_text(f'cache_dir = "{tmp_path / "from-config"}"\n')
+    monkeypatch.delenv("MREG_CACHE_DIR")
+    monkeypatch.setenv("MREG_USER", "ci-deploy")
+    monkeypatch.delenv("MREG_STALL_BYTES", raising=False)
+    monkeypatch.delenv("MREG_GGUF_DIRECT_IO", raising=False)
+    plain = mreg("config", "--config", cfg, "--json").json
+    assert "environment" not in plain, "without --env the document is what it always was"
+    doc = mreg("config", "--config", cfg, "--env", "--json").json
+    assert {k: v for k, v in doc.items() if k != "environment"} == plain
+    rows = {row["name"]: row for row in doc["environment"]}
+    assert list(rows) == [v.name for v in VARIABLES]
+    assert rows["MREG_USER"]["value"] == "ci-deploy" and rows["MREG_USER"]["origin"] == "env MREG_USER"
+    assert rows["MREG_CACHE_DIR"] == {**rows["MREG_CACHE_DIR"], "value": str(tmp_path / "from-config"),
+                                      "origin": f"config {cfg}"}
+    assert rows["MREG_STALL_BYTES"]["value"] == "1048576" and rows["MREG_STALL_BYTES"]["origin"] == "default"
+    assert rows["MREG_GGUF_DIRECT_IO"]["value"] is None and rows["MREG_GGUF_DIRECT_IO"]["origin"] == "unset"
+    assert all(row["meaning"] for row in rows.values())
+    text = mreg("config", "--env").stdout
+    assert all(v.name in text for v in VARIABLES) and "ci-deploy" in text and "env MREG_USER" in text
+
+
+
+@pytest.mark.parametrize("raw", [{"models": {"m": 5}}, {"models": ["m"]}, {"models": {"m": "x"}, "trust": {}}])
+def test_the_models_table_has_one_reader(raw: dict[str, object], tmp_path: Path) -> None:
+    """Hooks, the trust policy and the rollout read [models.NAME] through config.model_table: one shape check,
+    one message, whichever command reads it first (`verify --signatures` no longer skips a broken table)."""
+    from registry.config import model_table
+    from registry.errors import UsageError
+    from registry.release.hooks import model_policy
+    from registry.release.rollout import configured
+    from registry.store.trust import policy_for
+
+    readers = [lambda: model_table(raw, "m"), lambda: model_policy(raw, "m"), lambda: configured(raw, "m"),
+               lambda: policy_for(raw, "m", tmp_path)]
+    for read in readers:
+        with pytest.raises(UsageError, match=re.escape("[models.m] in the config file is not a table")):
+            read()
+    assert model_table({}, "m") == {} and model_table({"models": {"m": {"require": ["hf"]}}}, "m") == {
+        "require": ["hf"]}

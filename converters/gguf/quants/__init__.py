@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from converters.gguf.quants.blocks import (
     row_bytes,
 )
 from converters.gguf.quants.kquants import q2_k, q3_k, q4_k, q5_k, q6_k
+from registry.config import MREG_GGUF_QUANTIZER
 from registry.errors import UsageError
 
 __all__ = ["BLOCK", "NUMPY_TYPES", "Bytes", "Floats", "backend", "encoder", "ggml_available", "native_available",
@@ -95,7 +95,7 @@ def _native_kernel() -> ctypes.CDLL | None:
     return lib
 
 
-QUANTIZER_ENV = "MREG_GGUF_QUANTIZER"
+QUANTIZER_ENV = MREG_GGUF_QUANTIZER.name
 #: Its values: unset or auto (the fastest encoder here), numpy, ggml.
 QUANTIZERS = ("auto", "numpy", "ggml")
 
@@ -103,7 +103,7 @@ QUANTIZERS = ("auto", "numpy", "ggml")
 def _forced() -> str:
     """MREG_GGUF_QUANTIZER: "numpy" (mreg's numpy encoders only), "ggml" (llama.cpp's, mreg's kernel off), or auto;
     any other value is a usage error (a typo must not silently pick the default)."""
-    value = os.environ.get(QUANTIZER_ENV) or "auto"
+    value = MREG_GGUF_QUANTIZER.value() or "auto"
     if value not in QUANTIZERS:
         raise UsageError(f"{QUANTIZER_ENV}={value[:40]!r} is not one of {', '.join(QUANTIZERS)}",
                          hint=f"set {QUANTIZER_ENV} to numpy or ggml, or unset it (auto)")

@@ -519,3 +519,14 @@ def test_push_verify_remote_repairs_a_same_size_tampered_blob(mreg: Any, model_d
     again = mreg("push", "m@1", remote_url, "--verify-remote", "--json").json
     assert (again["uploaded_blobs"], again["repaired_blobs"], again["verified_remote"]) == (0, 0, True)
     assert again["reused"] is True and again["present_blobs"] == len(store.version("m", 1).manifest.artifacts[0].files)
+
+
+def test_a_reload_hook_on_s3_is_told_the_alias_url(mreg: Any, model_dir: Path, remote_url: str,
+                                                   tmp_path: Path) -> None:
+    """MREG_PATH names the alias's record in the bucket, an s3:// URL (not a Path() of it: `s3:/bucket/…`)."""
+    _versions(mreg, model_dir, "m", 1)
+    assert mreg("push", "m@1", remote_url).exit_code == 0
+    log = tmp_path / "reloads"
+    r = mreg("promote", "m@1", "--store", remote_url, "--reload", f'echo "$MREG_STORE $MREG_PATH" > {log}')
+    assert r.exit_code == 0, r.stderr
+    assert log.read_text().split() == [remote_url, f"{remote_url}/models/m/aliases/production.json"]
