@@ -33,7 +33,8 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.cache import Snapshot
     from registry.convert.execute import ConversionOutcome
     from registry.convert.once import Waiting
-    from registry.convert.protocol import Target
+    from registry.convert.plan import AnyTarget
+    from registry.convert.protocol import Prepared
     from registry.fanout.matrix import Item, Matrix
     from registry.fanout.plan import PlannedItem
     from registry.oci.transfer import OciPushOutcome, OciSyncOutcome
@@ -112,18 +113,18 @@ def pull(source: str, *, cache: str | Path, include: Sequence[str] = (), exclude
                           offline=offline, endpoint=endpoint, copy=copy, progress=progress)
 
 
-def parse_targets(targets: Sequence[str | Target]) -> list[Target]:
-    """`["hf", "gguf:Q4_K_M"]` → `[("hf", {}), ("gguf", {"spec": "Q4_K_M"})]`; tuples pass through."""
-    from registry.convert.plan import parse_target
+def prepare_targets(targets: Sequence[AnyTarget]) -> list[Prepared]:
+    """Each target (`"gguf:Q4_K_M"`, `("hf", {})`, a converter's typed options such as
+    `GGUFOptions(type="Q4_K_M", imatrix="a,b.dat")`) checked and normalized, the files it names read once.
+    `convert` takes the result as it is: nothing is checked or read twice."""
+    from registry.convert.plan import prepare
 
-    return [parse_target(t) if isinstance(t, str) else t for t in targets]
+    return prepare(targets)
 
 
-def check_targets(targets: Sequence[str | Target]) -> None:
+def check_targets(targets: Sequence[AnyTarget]) -> None:
     """Refuse unknown formats, bad options and repeats, cheaply and before any download."""
-    from registry.convert.plan import check_targets as check
-
-    check(parse_targets(targets))
+    prepare_targets(targets)
 
 
 def version_source(store: LocalStore, source: str) -> Version | None:
@@ -136,7 +137,7 @@ def version_source(store: LocalStore, source: str) -> Version | None:
     return store.resolve(parse_ref(source))
 
 
-def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore | S3Store,
+def convert(source: str, targets: Sequence[AnyTarget], *, store: LocalStore | S3Store,
             cache: str | Path, name: str | None = None, copy: bool = False, include: Sequence[str] = (),
             exclude: Sequence[str] = (), allow_pickle: bool = False, offline: bool = False,
             endpoint: str | None = None, progress: Progress | None = None,
@@ -158,8 +159,7 @@ def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore |
     from registry.store.local import LocalStore as Local
 
     provenance.user()  # a bad MREG_USER is refused before any work, not when the manifest is written
-    parsed = parse_targets(targets)
-    check_targets(parsed)
+    parsed = prepare_targets(targets)
     parent = version_source(store, source) if isinstance(store, Local) else None
     if not isinstance(store, Local) and _names_version(source) and store.has_model(source.split("@", 1)[0]):
         raise UsageError(f"{source}: converting a version of an S3 store into it is not supported",
@@ -221,7 +221,7 @@ def plan_matrix(matrix: Matrix, *, store: Store, cache: str | Path, offline: boo
     return plan(matrix, store, Path(cache), offline=offline, endpoint=endpoint)
 
 
-def _refuse_early(source: str, targets: Sequence[Target], *, cache: str | Path, offline: bool,
+def _refuse_early(source: str, targets: Sequence[Prepared], *, cache: str | Path, offline: bool,
                   endpoint: str | None, insecure: bool) -> str:
     """For a hub repository: fetch config.json alone first, and let each target's converter (and what it needs)
     refuse the model before any weight is downloaded. Returns the source pinned to the commit just read, so the
@@ -241,9 +241,9 @@ def _refuse_early(source: str, targets: Sequence[Target], *, cache: str | Path, 
     except (OSError, UnicodeDecodeError, ValueError):
         config = None  # the full pull and the converter's own checks report a damaged config
     if isinstance(config, dict):
-        formats = {fmt for fmt, _ in targets}
-        for fmt, raw in targets:
-            get(fmt).check_config(config, get(fmt).options(raw))
+        formats = {t.format for t in targets}
+        for t in targets:
+            get(t.format).check_config(config, t.options)
         for need in sorted({need for fmt in formats for need in get(fmt).needs} - formats):
             get(need).check_config(config)
     return f"{snap.record.source.repo}@{snap.record.source.commit}"

@@ -24,7 +24,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import tempfile
 import time
 from collections import Counter, deque
@@ -37,14 +36,13 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from converters.gguf import auto, heap, imatrix, overlap, quality
-from converters.gguf import evaluation as texts
-from converters.gguf.file import HashingWriter, direct_io, direct_io_setting, header, page_in, release
-from converters.gguf.mix import FILE_TYPES
+from converters.gguf import options as gguf_options
+from converters.gguf.file import HashingWriter, direct_io, header, page_in, release
 from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan, check_architecture
 from converters.gguf.naming import general_name, source_name
-from converters.gguf.plan import DEFAULT_TYPE, EncodedTensor, GGUFPlan, needs_imatrix, plans
+from converters.gguf.options import GGUFOptions
+from converters.gguf.plan import EncodedTensor, GGUFPlan, needs_imatrix, plans
 from converters.gguf.quants import Floats, backend, ggml_available, needs_ggml, nonfinite, quantize
-from converters.gguf.quants import check_settings as check_quantizer
 from manifests import Artifact, GGUFImportance, GGUFRequirements, GGUFSelection, Manifest, Verification
 from registry import atomic
 from registry.convert.configs import check_configs
@@ -54,12 +52,12 @@ from registry.convert.protocol import (
     Converter,
     ConverterBase,
     Options,
+    Prepared,
     RawOptions,
     Session,
+    TargetOptions,
     main_file,
-    spec_of,
 )
-from registry.digest import sha256_file
 from registry.errors import UsageError
 from registry.progress import NoProgress, Progress
 
@@ -303,55 +301,14 @@ class GGUFConverter(ConverterBase):
     #: digest and chunking in the options), the IQ types.
     version: ClassVar[str] = "3"
 
-    def options(self, raw: RawOptions) -> Options:
-        """`{"spec": "Q4_K_M"}` -> `{"type": "Q4_K_M"}` (F16 when no type is given); `auto,kl=0.02` -> the type,
-        the budget and the candidates; `evaluation=` / `tokens=` -> the evaluation text, hashed;
-        `calibration=PATH` / `imatrix=PATH` (what --calibration folds into the spec) -> the text's or the file's
-        digest and chunking (see imatrix.options)."""
-        check_quantizer()  # the environment's settings, refused before any download rather than mid-write
-        direct_io_setting()
-        spec = spec_of("gguf", raw, hint="use --to gguf:Q4_K_M") or DEFAULT_TYPE
-        head, *rest = [part.strip() for part in spec.split(",")]
-        qtype = head.upper()
-        budget: list[str] = []
-        text: str | None = None
-        tokens: str | None = None
-        importance: dict[str, str] = {}
-        for part in rest:
-            key, _, value = part.partition("=")
-            if key == "evaluation" and value:
-                text = value
-            elif key == "tokens":
-                tokens = value
-            elif key in quality.KEYS:
-                budget.append(part)
-            elif key in ("calibration", "calibration-ctx", "imatrix"):
-                importance[key] = value
-            elif part:
-                raise UsageError(f"--to gguf:{spec}: cannot read {part!r}",
-                                 hint="options are evaluation=default|FILE, tokens=N, calibration=FILE|default, "
-                                      "calibration-ctx=N, imatrix=FILE and, with auto, a budget "
-                                      "(kl=0.02, kl99=0.2, top1=0.9, ppl=1.02)")
-        if qtype == "AUTO":
-            weights = imatrix.options("auto", importance)
-            try:
-                wanted = quality.parse("gguf:" + ",".join(budget)) if budget else dict(auto.DEFAULT_BUDGET)
-            except UsageError as e:
-                raise UsageError(f"--budget {','.join(budget)}: {str(e).split(': ', 1)[-1]}",
-                                 hint="e.g. --budget kl=0.02 or --budget ppl=1.02,top1=0.9") from None
-            return {"type": "auto", "budget": wanted, "candidates": list(auto.candidates(bool(weights))),
-                    "evaluation": texts.option(text or "default", tokens), **weights}
-        if qtype not in FILE_TYPES:
-            raise UsageError(f"unknown GGUF type {head!r}", hint=f"valid types: {', '.join(FILE_TYPES)}, auto")
-        if budget:
-            raise UsageError(f"a budget ({', '.join(budget)}) chooses a type: it goes with gguf:auto, not {qtype}",
-                             hint=f"use --to gguf:auto --budget {','.join(budget)}, or drop the budget")
-        out: Options = {"type": qtype, **imatrix.options(qtype, importance)}
-        if text is not None or tokens is not None:
-            out["evaluation"] = texts.option(text or "default", tokens)
-        elif qtype not in texts.PROMPT_TYPES:
-            out["evaluation"] = texts.option("default", str(texts.implicit_tokens(qtype)))
-        return out
+    def parse(self, raw: RawOptions) -> GGUFOptions:
+        """`{"spec": "Q4_K_M,calibration=FILE"}` -> typed options (see converters.gguf.options)."""
+        return gguf_options.parse(raw)
+
+    def prepare(self, options: TargetOptions) -> Prepared:
+        """The type (or auto's budget and candidates), the evaluation text and the importance matrix, checked; the
+        files they name hashed once (see converters.gguf.options)."""
+        return gguf_options.prepare(options)
 
     def check_config(self, config: dict[str, Any], options: Options | None = None) -> None:
         """An architecture llama.cpp's converter and mreg's reference both know, and a type that needs no importance
@@ -571,12 +528,15 @@ class GGUFConverter(ConverterBase):
         chosen = json.loads(wanted.pop())
         workdir = requests[0].workdir
         t0 = time.monotonic()
+        given = requests[0].files
         if "calibration" in chosen:
             cal = chosen["calibration"]
             dest = workdir / f"{base}.imatrix.gguf"
+            text = directory / ".mreg-calibration.txt"  # the bytes the key names, whatever the file becomes
+            imatrix.copy_given(given[cal["sha256"]], text, cal["sha256"])
             progress = requests[0].progress
             progress.start(f"importance matrix on {cal['name']}", None, unit="step")
-            computed = imatrix.compute(directory, imatrix.path_of(cal["sha256"]), dest, cal["chunk_size"], cal["name"])
+            computed = imatrix.compute(directory, text, dest, cal["chunk_size"], cal["name"])
             progress.done()
             imp = imatrix.read(dest)
             record = GGUFImportance(file=dest.name, sha256=computed.sha256, made_by="mreg", dataset=cal["name"],
@@ -584,14 +544,14 @@ class GGUFConverter(ConverterBase):
                                     chunk_size=cal["chunk_size"], entries=len(imp.sums),
                                     seconds=round(time.monotonic() - t0, 3))
         else:
-            given = chosen["imatrix"]
-            source = imatrix.path_of(given["sha256"])
+            digest = chosen["imatrix"]["sha256"]
+            source = given[digest]
             with open(source, "rb") as f:
                 gguf_format = f.read(4) == b"GGUF"
             dest = workdir / (f"{base}.imatrix.gguf" if gguf_format else f"{base}.imatrix.dat")
-            shutil.copyfile(source, dest)
+            imatrix.copy_given(source, dest, digest)
             imp = imatrix.read(dest)
-            record = GGUFImportance(file=dest.name, sha256=sha256_file(dest), made_by="given",
+            record = GGUFImportance(file=dest.name, sha256=digest, made_by="given",
                                     dataset=imp.datasets[0] if imp.datasets else None, chunks=imp.chunk_count,
                                     chunk_size=imp.chunk_size, entries=len(imp.sums), seconds=0.0)
         imatrix.check_fits(imp, p.model, record.file)

@@ -16,7 +16,7 @@ from registry.cache import Snapshot
 from registry.convert.modelinfo import read_model_info
 from registry.convert.once import Waiting, run_once
 from registry.convert.plan import Planned, conversion_key, groups, with_prerequisites
-from registry.convert.protocol import ConversionRequest, ConversionResult, Options, Target
+from registry.convert.protocol import ConversionRequest, ConversionResult, Options, Prepared
 from registry.errors import IntegrityError
 from registry.progress import NoProgress, Progress
 from registry.refs import check_name
@@ -44,7 +44,7 @@ def convert(
     store: LocalStore | S3Store,
     snapshot: Snapshot,
     name: str,
-    targets: Sequence[Target],
+    targets: Sequence[Prepared],
     *,
     copy: bool = False,
     progress: Progress | None = None,
@@ -81,16 +81,16 @@ def convert(
     return ConversionOutcome(version, done.made is None, time.monotonic() - started, snapshot.record.source)
 
 
-def planned(snapshot: Snapshot, targets: Sequence[Target],
+def planned(snapshot: Snapshot, targets: Sequence[Prepared],
             parent: Version | None = None) -> tuple[list[Planned], list[Artifact], str]:
     """The targets to make (after what they need), the parent's artifacts carried along, and the conversion key."""
-    requested = [fmt for fmt, _ in targets]
+    requested = [t.format for t in targets]
     carried = [a for a in (parent.manifest.artifacts if parent else ()) if a.format not in requested]
     plan = with_prerequisites(targets, {a.format for a in carried})
     key = conversion_key(
         snapshot.record.source,
         [(a.format, a.converter.name, a.converter.version, a.options, a.tool_versions) for a in carried]
-        + [(c.format, c.name, c.version, opts, tools) for c, opts, tools in plan],
+        + [(c.format, c.name, c.version, p.options, tools) for c, p, tools in plan],
     )
     return plan, carried, key
 
@@ -161,7 +161,8 @@ def _run_group(staging: Staging, snapshot: Snapshot, name: str, group: list[Plan
     requests = [ConversionRequest(
         source=snapshot.record.source,
         source_files=snapshot.file,
-        options=opts,
+        options=prepared.options,
+        files=prepared.files,
         workdir=workdir,
         progress=progress,
         place=place,
@@ -169,14 +170,15 @@ def _run_group(staging: Staging, snapshot: Snapshot, name: str, group: list[Plan
         artifact_digests={a.format: {f.path: f.sha256 for f in a.files} for a in artifacts},
         cache_dir=layout.caches_dir(staging.store.root),
         name=name,
-    ) for _, opts, _ in group]
+    ) for _, prepared, _ in group]
     try:
         results = conv.convert_many(requests) if len(group) > 1 else [conv.convert(requests[0])]
     except OSError as e:  # a full disk while a converter writes is exit 7 for every format, as for copies
         atomic.raise_if_full(e, staging.path)
         raise
     made = []
-    for (_, opts, tools), result in zip(group, results, strict=True):
+    for (_, prepared, tools), result in zip(group, results, strict=True):
+        opts = prepared.options
         _refuse_failed(conv.format, opts, result, snapshot.record.source.repo)
         # Each artifact lists only the files its own converter wrote.
         others = {rel for r in results if r is not result for rel in r.known_digests}
