@@ -15,8 +15,8 @@ from registry import atomic, layout, machine, provenance
 from registry.cache import Snapshot
 from registry.convert.modelinfo import read_model_info
 from registry.convert.once import Waiting, run_once
-from registry.convert.plan import Planned, conversion_key, groups, with_prerequisites
-from registry.convert.protocol import ConversionRequest, ConversionResult, Options, Prepared
+from registry.convert.plan import AnyTarget, Planned, conversion_key, groups, prepare, with_prerequisites
+from registry.convert.protocol import ConversionRequest, ConversionResult, Options
 from registry.errors import IntegrityError
 from registry.progress import NoProgress, Progress
 from registry.refs import check_name
@@ -44,7 +44,7 @@ def convert(
     store: LocalStore | S3Store,
     snapshot: Snapshot,
     name: str,
-    targets: Sequence[Prepared],
+    targets: Sequence[AnyTarget],
     *,
     copy: bool = False,
     progress: Progress | None = None,
@@ -81,12 +81,14 @@ def convert(
     return ConversionOutcome(version, done.made is None, time.monotonic() - started, snapshot.record.source)
 
 
-def planned(snapshot: Snapshot, targets: Sequence[Prepared],
+def planned(snapshot: Snapshot, targets: Sequence[AnyTarget],
             parent: Version | None = None) -> tuple[list[Planned], list[Artifact], str]:
-    """The targets to make (after what they need), the parent's artifacts carried along, and the conversion key."""
-    requested = [t.format for t in targets]
+    """The targets to make (after what they need), the parent's artifacts carried along, and the conversion key
+    (targets already prepared are taken as they are: nothing is read twice)."""
+    prepared = prepare(targets)
+    requested = [t.format for t in prepared]
     carried = [a for a in (parent.manifest.artifacts if parent else ()) if a.format not in requested]
-    plan = with_prerequisites(targets, {a.format for a in carried})
+    plan = with_prerequisites(prepared, {a.format for a in carried})
     key = conversion_key(
         snapshot.record.source,
         [(a.format, a.converter.name, a.converter.version, a.options, a.tool_versions) for a in carried]
