@@ -160,6 +160,7 @@ def convert(source: str, targets: Sequence[AnyTarget], *, store: LocalStore | S3
                          hint="convert from the version's source (a repository or directory), or in a local "
                               "store, then `mreg push`")
     fetching = on_pull or (lambda: None)
+    config = None  # the source's config.json, once read
     if parent is not None:
         origin = parent.manifest.source
         if origin.kind in ("local", "oci"):
@@ -178,9 +179,10 @@ def convert(source: str, targets: Sequence[AnyTarget], *, store: LocalStore | S3
             raise UsageError("--name is required when converting a repository or directory",
                              hint="e.g. --name qwen2.5-7b")
         fetching()
-        _refuse_early(src, parsed)
+        config = _refuse_early(src, parsed)
         snap = src.pull(progress)
-    return run(store, snap, name, parsed, copy=copy, progress=progress, parent=parent, wait=wait, on_wait=on_wait)
+    return run(store, snap, name, parsed, copy=copy, progress=progress, parent=parent, wait=wait, on_wait=on_wait,
+               config=config)
 
 
 def load_matrix(path: str | Path) -> Matrix:
@@ -205,9 +207,9 @@ def plan_matrix(matrix: Matrix, *, store: Store, cache: str | Path, offline: boo
     return plan(matrix, store, Path(cache), offline=offline, endpoint=endpoint)
 
 
-def _refuse_early(src: Source, targets: Sequence[Prepared]) -> None:
+def _refuse_early(src: Source, targets: Sequence[Prepared]) -> dict[str, Any] | None:
     """Let each target's converter (and what it needs) refuse the model from the source's config alone, before
-    any weight is downloaded (a hub repository's config.json is fetched alone first)."""
+    any weight is downloaded (a hub repository's config.json is fetched alone first); the config, as read."""
     from registry.convert.formats import get
 
     config = src.config()
@@ -217,6 +219,7 @@ def _refuse_early(src: Source, targets: Sequence[Prepared]) -> None:
             get(t.format).check_config(config, t.options)
         for need in sorted({need for fmt in formats for need in get(fmt).needs} - formats):
             get(need).check_config(config)
+    return config
 
 
 def promote(store: Store, ref: str, *, alias: str = "production", expect: int | str | None = "",

@@ -11,7 +11,6 @@ of one commit.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +68,8 @@ class HubSource:
     def config(self) -> dict[str, Any] | None:
         """config.json fetched alone and read (None: absent or damaged, which the full pull and the converters
         report); the weights then come from the same commit, of the same listing."""
+        from registry.convert.configs import read_config
+
         snap = self.hub().pull(include=["config.json"])
         self._hub = self.hub().at(snap.record.source.commit)
         return read_config(snap.path / "config.json")
@@ -141,11 +142,3 @@ def parse(text: str, fetch: Fetch) -> Source:
     repo, _, rev = text.partition("@")
     return HubSource(text, repo, rev or None, fetch)
 
-
-def read_config(path: Path) -> dict[str, Any] | None:
-    """A config.json as a JSON object, or None when it is absent or not one."""
-    try:
-        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    except (OSError, UnicodeDecodeError, ValueError):
-        config = None
-    return config if isinstance(config, dict) else None

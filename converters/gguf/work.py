@@ -62,12 +62,12 @@ def prepare(requests: Sequence[ConversionRequest], directory: Path, types: Seque
     that was not given is left out rather than refused (gguf:auto: the user named no type)."""
     first = requests[0]
     # Every config read below (by mreg and by gguf's vocabulary reader) is a JSON object, or nothing is done.
-    check_configs({f.path: first.source_files(f.path) for f in first.source.files})
+    check_configs({f.path: first.source_files(f.path) for f in first.source.files}, first.configs_read)
     shards = sorted(p for p in directory.rglob("*.safetensors"))
     base = first.name or first.source.repo.rstrip("/").split("/")[-1] or "model"
     # general.name is the model's own (llama.cpp applies rules by name), never the store's.
-    planned = plans(directory, shards, list(types), general_name(directory, source_name(first.source)),
-                    has_imatrix=list(weighted))
+    planned = plans(directory, shards, list(types), general_name(directory, source_name(first.source), first.config),
+                    has_imatrix=list(weighted), config=first.config)
     eligible = [i for i, p in enumerate(planned)
                 if not pass_over or weighted[i] or not any(c.needs_imatrix for c in p.choices)]
     refuse_unencodable([planned[i] for i in eligible], [weighted[i] for i in eligible])

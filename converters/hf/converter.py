@@ -60,8 +60,9 @@ class HFConverter(ConverterBase):
         from registry.convert.configs import check_configs, check_sizes
 
         sources = {f.path: request.source_files(f.path) for f in request.source.files}
-        check_configs(sources)
-        check_sizes(sources)  # no engine could build the model its config describes from these weights
+        check_configs(sources, request.configs_read)
+        # No engine could build the model its config describes from these weights.
+        check_sizes(sources, request.configs_read)
         found = weights.scan({label: path for label, path in sources.items() if label.endswith(".safetensors")})
         known: dict[str, str] = {}
         mismatched: list[str] = []

@@ -205,8 +205,9 @@ class ONNXConverter(ConverterBase):
         opts = request.options
         # transformers follows the shard index: it must name the snapshot's own shards and agree with them.
         sources = {f.path: request.source_files(f.path) for f in request.source.files}
-        check_configs(sources)
-        check_sizes(sources)  # transformers builds every layer the config names before it reads a weight
+        check_configs(sources, request.configs_read)
+        # transformers builds every layer the config names before it reads a weight.
+        check_sizes(sources, request.configs_read)
         config = ex.read_config(directory)
         task = ex.classify(config)
         if opts["with_past"] and task != "text-generation":

@@ -43,6 +43,13 @@ class ConversionRequest:
     cache_dir: Path | None = None
     #: The files the options name (an importance matrix, a calibration text), by the sha256 the options record.
     files: Mapping[str, Path] = field(default_factory=dict)
+    #: The source's config.json, read once for every reader (None: it has none, or it is not a JSON object).
+    config: dict[str, Any] | None = None
+
+    @property
+    def configs_read(self) -> dict[str, dict[str, Any]]:
+        """The configs already read, by label, for `registry.convert.configs.check_configs` to skip."""
+        return {"config.json": self.config} if self.config is not None else {}
 
     def link_source(self, directory: Path) -> Path:
         """Lay the source out under `directory` as the repository has it (symlinks to the cache's blobs).

@@ -17,18 +17,21 @@ from support.hub_server import LocalHub
 from support.tiny_models import build_tiny_llama
 
 from converters.gguf import imatrix
+from registry.digest import git_blob_sha1
 
 
 @pytest.fixture
-def counted(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Every open of a file named config.json, and every hashing of a file a flag names, by file name."""
+def counted(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter[str], set[str]]:
+    """Every open by mreg of a file of the names given (config.json, and its blob's in the hub cache: the git blob
+    id), and every hashing of a file a flag names."""
     seen: Counter[str] = Counter()
+    names = {"config.json"}
     real_open, real_hash = builtins.open, imatrix.hash_given
 
     def opened(file: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(file, (str, Path)) and Path(file).name == "config.json" \
-                and threading.current_thread() is threading.main_thread():  # not the hub serving it
-            seen["config.json read"] += 1
+        if isinstance(file, (str, Path)) and threading.current_thread() is threading.main_thread() \
+                and (Path(file).name in names or Path(file).resolve().name in names):
+            seen["config.json read"] += 1  # not the hub's reads: it serves from other threads
         return real_open(file, *args, **kwargs)
 
     def hashed(path: Path, flag: str) -> str:
@@ -38,7 +41,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     monkeypatch.setattr(builtins, "open", opened)
     monkeypatch.setattr(io, "open", opened)  # pathlib's
     monkeypatch.setattr(imatrix, "hash_given", hashed)
-    return seen
+    return seen, names
 
 
 def _imatrix(path: Path) -> Path:
@@ -50,17 +53,20 @@ def _imatrix(path: Path) -> Path:
 
 
 def test_one_convert_of_a_hub_source_lists_once_and_reads_config_once(tmp_path: Path,
-                                                                       counted: Counter[str]) -> None:
+                                                                       counted: tuple[Counter[str], set[str]]
+                                                                       ) -> None:
+    seen, config_names = counted
     src = build_tiny_llama(tmp_path / "tiny", seed=3)
     imatrix_file = _imatrix(tmp_path / "given, with a comma.imatrix.dat")
+    config_names.add(git_blob_sha1((src / "config.json").read_bytes()))
     with LocalHub() as hub:
         hub.add_commit("org/tiny", {p.name: p for p in src.iterdir() if p.is_file()})
-        counted.clear()
+        seen.clear()
         hub.reset_counters()
         result = run("convert", "org/tiny", "--to", "gguf:Q4_K_M", "--imatrix", imatrix_file, "--name", "t",
                      "--endpoint", hub.endpoint, "--json")
         listed = sum(1 for _method, path, _headers in hub.requests if path.startswith("/api/models/"))
     assert result.exit_code == 0, result.stderr
-    print(f"\nhub listings: {listed}; counts: {dict(counted)}")
-    assert counted[f"{imatrix_file.name} hashed"] == 1, "a path with a comma, given through --imatrix, hashed once"
+    assert seen[f"{imatrix_file.name} hashed"] == 1, "a path with a comma, given through --imatrix, hashed once"
     assert listed == 1, "config.json fetched alone first, then the weights, from one listing"
+    assert seen["config.json read"] == 1, "read once: refused early, then the manifest's model info and the converter"
