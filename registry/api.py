@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from registry import config
 from registry.errors import IntegrityError, ModelNotFound, NotFound, UsageError
 from registry.progress import Progress
-from registry.refs import Ref, check_alias, check_name, is_name, parse_ref
+from registry.refs import Ref, check_alias, check_name, parse_ref
 
 if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     import threading
@@ -33,7 +33,8 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.cache import Snapshot
     from registry.convert.execute import ConversionOutcome
     from registry.convert.once import Waiting
-    from registry.convert.protocol import Target
+    from registry.convert.plan import AnyTarget
+    from registry.convert.protocol import Prepared
     from registry.fanout.matrix import Item, Matrix
     from registry.fanout.plan import PlannedItem
     from registry.oci.transfer import OciPushOutcome, OciSyncOutcome
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.serving.memory import MemoryPlan
     from registry.serving.mount import MountReport
     from registry.serving.triton import TritonExport
+    from registry.source import Source
     from registry.store.gc import GCPlan
     from registry.store.local import LocalStore
     from registry.store.protocol import Store, Version
@@ -94,51 +96,41 @@ def pull(source: str, *, cache: str | Path, include: Sequence[str] = (), exclude
     `oci-archive:FILE.tar[:TAG]` into the cache, every file verified; returns the snapshot. `insecure`: plain HTTP
     to a loopback registry. A local directory is hashed and linked in place (trusted while its files are
     unchanged), or copied into the cache with `copy`."""
-    from registry import cache as cache_pkg
     from registry import provenance
-    from registry.oci import reference
+    from registry import source as sources
 
     provenance.user()  # a bad MREG_USER is refused before the download, not when the record is written
-    if reference.is_oci(source):
-        from registry.oci import transfer
-
-        if offline:
-            raise UsageError("--offline cannot pull from an OCI registry", hint="pull once online; then convert "
-                             "from the cached version with NAME@REF")
-        ref = reference.parse(source)
-        target = transfer.open_target(ref, insecure=insecure)
-        return transfer.pull(Path(cache), ref, target, include=include, exclude=exclude, allow_pickle=allow_pickle,
-                             progress=progress)
-
-    return cache_pkg.pull(Path(cache), source, include=include, exclude=exclude, allow_pickle=allow_pickle,
-                          offline=offline, endpoint=endpoint, copy=copy, progress=progress)
+    fetch = sources.Fetch(Path(cache), tuple(include), tuple(exclude), allow_pickle, offline, endpoint, insecure, copy)
+    return sources.parse(source, fetch).pull(progress)
 
 
-def parse_targets(targets: Sequence[str | Target]) -> list[Target]:
-    """`["hf", "gguf:Q4_K_M"]` → `[("hf", {}), ("gguf", {"spec": "Q4_K_M"})]`; tuples pass through."""
-    from registry.convert.plan import parse_target
+def prepare_targets(targets: Sequence[AnyTarget]) -> list[Prepared]:
+    """Each target (`"gguf:Q4_K_M"`, `("hf", {})`, a converter's typed options such as
+    `GGUFOptions(type="Q4_K_M", imatrix="a,b.dat")`) checked and normalized, the files it names read once.
+    `convert` takes the result as it is: nothing is checked or read twice."""
+    from registry.convert.plan import prepare
 
-    return [parse_target(t) if isinstance(t, str) else t for t in targets]
+    return prepare(targets)
 
 
-def check_targets(targets: Sequence[str | Target]) -> None:
+def check_targets(targets: Sequence[AnyTarget]) -> None:
     """Refuse unknown formats, bad options and repeats, cheaply and before any download."""
-    from registry.convert.plan import check_targets as check
-
-    check(parse_targets(targets))
+    prepare_targets(targets)
 
 
 def version_source(store: LocalStore, source: str) -> Version | None:
     """The version a convert SOURCE names when it is `NAME@REF` of a model in the store, else None."""
-    from registry.cache import local_source
+    from registry import source as sources
 
-    head = source.split("@", 1)[0]
-    if "/" in head or local_source(source) is not None or not is_name(head) or not store.has_model(head):
-        return None
-    return store.resolve(parse_ref(source))
+    return _version(store, sources.parse(source, sources.Fetch(Path("."))))
 
 
-def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore | S3Store,
+def _version(store: LocalStore, src: Source) -> Version | None:
+    """The version a parsed SOURCE names when it is `NAME[@REF]` of a model in the store."""
+    return store.resolve(parse_ref(src.text)) if src.model is not None and store.has_model(src.model) else None
+
+
+def convert(source: str, targets: Sequence[AnyTarget], *, store: LocalStore | S3Store,
             cache: str | Path, name: str | None = None, copy: bool = False, include: Sequence[str] = (),
             exclude: Sequence[str] = (), allow_pickle: bool = False, offline: bool = False,
             endpoint: str | None = None, progress: Progress | None = None,
@@ -155,50 +147,44 @@ def convert(source: str, targets: Sequence[str | Target], *, store: LocalStore |
     or with `wait=False` raises LeaseHeld (exit 5).
     """
     from registry import provenance
+    from registry import source as sources
     from registry.cache import load_record
     from registry.convert.execute import convert as run
     from registry.store.local import LocalStore as Local
 
     provenance.user()  # a bad MREG_USER is refused before any work, not when the manifest is written
-    parsed = parse_targets(targets)
-    check_targets(parsed)
-    parent = version_source(store, source) if isinstance(store, Local) else None
-    if not isinstance(store, Local) and _names_version(source) and store.has_model(source.split("@", 1)[0]):
+    parsed = prepare_targets(targets)
+    fetch = sources.Fetch(Path(cache), tuple(include), tuple(exclude), allow_pickle, offline, endpoint, insecure, copy)
+    src = sources.parse(source, fetch)
+    parent = _version(store, src) if isinstance(store, Local) else None
+    if not isinstance(store, Local) and "@" in source and src.model is not None and store.has_model(src.model):
         raise UsageError(f"{source}: converting a version of an S3 store into it is not supported",
                          hint="convert from the version's source (a repository or directory), or in a local "
                               "store, then `mreg push`")
-    fetch = on_pull or (lambda: None)
+    fetching = on_pull or (lambda: None)
+    config = None  # the source's config.json, once read
     if parent is not None:
-        src = parent.manifest.source
-        if src.kind in ("local", "oci"):
-            snap = load_record(Path(cache), src.repo, src.commit)
+        origin = parent.manifest.source
+        if origin.kind in ("local", "oci"):
+            snap = load_record(Path(cache), origin.repo, origin.commit)
             if snap is None:
-                raise UsageError(f"the source of {parent.name}@{parent.number} ({src.requested_revision}) is no "
+                raise UsageError(f"the source of {parent.name}@{parent.number} ({origin.requested_revision}) is no "
                                  f"longer in the cache {cache}, or its directory changed since it was imported",
-                                 hint=f"run `mreg pull {src.requested_revision}`")
+                                 hint=f"run `mreg pull {origin.requested_revision}`")
         else:
-            fetch()
-            snap = pull(f"{src.repo}@{src.commit}", cache=cache, include=include, exclude=exclude,
-                        allow_pickle=allow_pickle, offline=offline, endpoint=endpoint or src.endpoint,
-                        progress=progress)
+            fetching()
+            snap = sources.HubSource(f"{origin.repo}@{origin.commit}", origin.repo, origin.commit,
+                                     replace(fetch, endpoint=endpoint or origin.endpoint)).pull(progress)
         name = name or parent.name
     else:
         if not name:
             raise UsageError("--name is required when converting a repository or directory",
                              hint="e.g. --name qwen2.5-7b")
-        fetch()
-        source = _refuse_early(source, parsed, cache=cache, offline=offline, endpoint=endpoint, insecure=insecure)
-        snap = pull(source, cache=cache, include=include, exclude=exclude, allow_pickle=allow_pickle,
-                    offline=offline, endpoint=endpoint, progress=progress, insecure=insecure, copy=copy)
-    return run(store, snap, name, parsed, copy=copy, progress=progress, parent=parent, wait=wait, on_wait=on_wait)
-
-
-def _names_version(source: str) -> bool:
-    """Whether a convert SOURCE reads as `NAME@REF` (not a repository, directory or OCI reference)."""
-    from registry.cache import local_source
-
-    head = source.split("@", 1)[0]
-    return "@" in source and "/" not in head and ":" not in head and local_source(source) is None and is_name(head)
+        fetching()
+        config = _refuse_early(src, parsed)
+        snap = src.pull(progress)
+    return run(store, snap, name, parsed, copy=copy, progress=progress, parent=parent, wait=wait, on_wait=on_wait,
+               config=config)
 
 
 def load_matrix(path: str | Path) -> Matrix:
@@ -223,32 +209,19 @@ def plan_matrix(matrix: Matrix, *, store: Store, cache: str | Path, offline: boo
     return plan(matrix, store, Path(cache), offline=offline, endpoint=endpoint)
 
 
-def _refuse_early(source: str, targets: Sequence[Target], *, cache: str | Path, offline: bool,
-                  endpoint: str | None, insecure: bool) -> str:
-    """For a hub repository: fetch config.json alone first, and let each target's converter (and what it needs)
-    refuse the model before any weight is downloaded. Returns the source pinned to the commit just read, so the
-    weights come from the same commit."""
-    import json
-
-    from registry.cache import local_source
+def _refuse_early(src: Source, targets: Sequence[Prepared]) -> dict[str, Any] | None:
+    """Let each target's converter (and what it needs) refuse the model from the source's config alone, before
+    any weight is downloaded (a hub repository's config.json is fetched alone first); the config, as read."""
     from registry.convert.formats import get
 
-    if local_source(source) is not None or source.startswith(("oci://", "oci-layout:", "oci-archive:")):
-        return source  # nothing to download: the conversion refuses before it writes
-    snap = pull(source, cache=cache, include=["config.json"], offline=offline, endpoint=endpoint,
-                insecure=insecure)
-    path = snap.path / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    except (OSError, UnicodeDecodeError, ValueError):
-        config = None  # the full pull and the converter's own checks report a damaged config
-    if isinstance(config, dict):
-        formats = {fmt for fmt, _ in targets}
-        for fmt, raw in targets:
-            get(fmt).check_config(config, get(fmt).options(raw))
+    config = src.config()
+    if config is not None:
+        formats = {t.format for t in targets}
+        for t in targets:
+            get(t.format).check_config(config, t.options)
         for need in sorted({need for fmt in formats for need in get(fmt).needs} - formats):
             get(need).check_config(config)
-    return f"{snap.record.source.repo}@{snap.record.source.commit}"
+    return config
 
 
 def promote(store: Store, ref: str, *, alias: str = "production", expect: int | str | None = "",

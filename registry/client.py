@@ -20,7 +20,7 @@ from registry import api
 from registry.api import ModelSummary, Resolved, StoreListing, VersionDetails, VersionListing
 from registry.cache.records import Snapshot
 from registry.convert.execute import ConversionOutcome
-from registry.convert.protocol import Target
+from registry.convert.plan import AnyTarget
 from registry.errors import MregError, UsageError
 from registry.progress import Progress
 from registry.release.aliases import AliasChange
@@ -81,7 +81,7 @@ class Registry:
         return api.pull(source, cache=self._cache(), include=include, exclude=exclude, allow_pickle=allow_pickle,
                         offline=offline, endpoint=endpoint, progress=progress)
 
-    def convert(self, source: str, targets: Sequence[str | Target], *, name: str | None = None,
+    def convert(self, source: str, targets: Sequence[AnyTarget], *, name: str | None = None,
                 include: Sequence[str] = (), exclude: Sequence[str] = (), allow_pickle: bool = False,
                 offline: bool = False, endpoint: str | None = None, progress: Progress | None = None,
                 wait: bool = True) -> ConversionOutcome:

@@ -16,10 +16,18 @@ model, bisection can miss a smaller type that would pass: the chart shows what w
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+from converters.gguf.plan import EncodedTensor
 from converters.gguf.quality import KEYS, misses
-from manifests import GGUFCandidate
+from converters.gguf.stream import write
+from converters.gguf.work import Work, result
+from manifests import GGUFCandidate, GGUFRequirements, GGUFSelection, Verification
+from registry.convert.protocol import ConversionRequest, ConversionResult
 from registry.errors import GateRefused, UsageError
 
 #: The types `gguf:auto` chooses from, nominally largest first (the search sorts them by planned bytes): the
@@ -33,6 +41,8 @@ WEIGHTED_CANDIDATES: tuple[str, ...] = (*CANDIDATES, "IQ3_XS", "IQ3_XXS", "Q2_K_
 #: The budget when none is given: a mean KL divergence llama.cpp's Q4_K_M of a trained model meets.
 DEFAULT_BUDGET = {"kl_divergence": 0.02}
 SEARCH = "bisection"
+#: The chart of the trade-off, in the artifact's directory.
+CHART = "auto.svg"
 #: Metrics kept per candidate (the chart's and the budget's).
 KEPT = ("kl_divergence", "kl_divergence_p99", "top1_agreement", "perplexity_ratio", "perplexity_reference",
         "perplexity_llama_cpp", "evaluation_tokens", "logits_positions")
@@ -92,3 +102,83 @@ def none_meets(candidates: Sequence[GGUFCandidate], budget: dict[str, float]) ->
         f"tensors), measures {figures} ({len(tried)} of {len(candidates)} tried)",
         hint="loosen the budget (--budget kl=…), or convert a named type (--to gguf:Q8_0); nothing was published",
         details={"budget": budget, "candidates": [c.model_dump(mode="json") for c in candidates]})
+
+
+def search(request: ConversionRequest, work: Work) -> ConversionResult:
+    """Bisect the prepared candidates in size order (each tried one written and verified), keep the chosen."""
+    from converters.gguf import chart, overlap
+    from converters.gguf import verify as gguf_verify
+    from converters.gguf.model import SafetensorsReader
+
+    opts = request.options
+    budget: dict[str, float] = dict(opts["budget"])
+    types = list(opts["candidates"])
+    planned, made = work.planned, work.made
+    sizes = [sum(i.nbytes for i in p.infos) for p in planned]
+    order = [i for i in size_order(sizes) if i in work.eligible]
+    measured: dict[int, tuple[dict[str, float], int]] = {}
+    kept: list[tuple[int, Path, str, list[EncodedTensor], Verification]] = []
+    seconds = {"write_seconds": 0.0, "verify_seconds": 0.0}
+
+    def meets(pos: int) -> bool:
+        i = order[pos]
+        p = planned[i]
+        dest = request.workdir / f"{work.base}-{p.file_type}.gguf"
+        reader = SafetensorsReader()
+        request.progress.start(f"gguf:auto {dest.name} ({len(measured) + 1} tried)", sizes[i])
+        t0 = time.monotonic()
+        try:
+            ((digest, encoded),) = write([p], [dest], reader, max(1, os.cpu_count() or 1), request.progress,
+                                         [made.importance] if made else ())
+        finally:
+            reader.close()
+            request.progress.done()
+        t1 = time.monotonic()
+        v = gguf_verify.verify(dest, p, encoded, work.directory, request.source, work.reference, opts["evaluation"])
+        seconds["write_seconds"] += t1 - t0
+        seconds["verify_seconds"] += time.monotonic() - t1
+        if v.status == "failed":  # an integrity failure: the registry refuses the conversion with it
+            raise _CandidateFailed(result(p, dest, digest, encoded, v, made.record if made else None))
+        check_measured(p.file_type, v.metrics, budget, v.detail)
+        measured[i] = (v.metrics, dest.stat().st_size)
+        if misses(v.metrics, budget):
+            dest.unlink()
+            return False
+        for _, older, *_ in kept:  # a larger file that met the budget: this one is smaller
+            older.unlink()
+        kept[:] = [(i, dest, digest, encoded, v)]
+        return True
+
+    ahead = work.start_reference(gguf_verify.evaluation_text(planned[0], opts["evaluation"]))
+    try:
+        found, tried = bisect(len(order), meets)
+    except _CandidateFailed as failed:
+        return failed.result
+    finally:
+        if ahead is not None:
+            overlap.stop(ahead)
+    records = [candidate(t, sizes[i], measured[i][1] if i in measured else None,
+                         measured[i][0] if i in measured else None, budget) for i, t in enumerate(types)]
+    if found is None:
+        raise none_meets(records, budget)
+    i, dest, digest, encoded, v = kept[0]
+    (request.workdir / CHART).write_text(
+        chart.render(records, budget, types[i], f"{work.base}: gguf:auto chose {types[i]}"), encoding="utf-8")
+    metrics = {**v.metrics, **{k: round(x, 3) for k, x in seconds.items()},
+               "auto_candidates": float(len(types)), "auto_tried": float(len(tried))}
+    chosen = result(planned[i], dest, digest, encoded, v.model_copy(update={"metrics": metrics, "budget": budget}),
+                    made.record if made else None)
+    if made:
+        chosen.known_digests[made.record.file] = made.record.sha256
+    selection = GGUFSelection(budget=budget, chosen=types[i], search=SEARCH, tried=len(tried),
+                              candidates=tuple(records), chart=CHART)
+    assert isinstance(chosen.requirements, GGUFRequirements)
+    return dataclasses.replace(chosen, requirements=chosen.requirements.model_copy(update={"selection": selection}))
+
+
+class _CandidateFailed(Exception):
+    """A candidate failed its integrity checks: the search stops with its result."""
+
+    def __init__(self, failed: ConversionResult) -> None:
+        super().__init__(failed.verification.detail)
+        self.result = failed

@@ -39,7 +39,7 @@ from converters.gguf.file import HashingWriter, TensorInfo, header
 from converters.gguf.model import _EXPERT, ModelPlan
 from converters.gguf.quants.blocks import Floats
 from registry.config import inherited, python_path
-from registry.digest import sha256_file
+from registry.digest import file_chunks, write_hashed
 from registry.errors import MregError, UsageError
 from registry.inputs import open_input
 
@@ -339,15 +339,14 @@ def _child(directory: Path, text: Path, dest: Path, chunk_size: int, dataset: st
             "seconds": round(time.monotonic() - t0, 3)}
 
 
-#: Files named by options, by sha256: options hold digests (the conversion key), the converter needs the path.
-_PATHS: dict[str, Path] = {}
 #: File types whose encoders read no importance weights: an importance matrix changes nothing in them.
 UNWEIGHTED_FILE_TYPES = ("F32", "F16", "BF16", "Q8_0")
 _HINT = "use --calibration FILE (or default) [--calibration-ctx N], or --imatrix FILE from llama-imatrix"
 
 
-def options(file_type: str, tokens: dict[str, str]) -> dict[str, Any]:
-    """`calibration=PATH|default`, `calibration-ctx=N`, `imatrix=PATH` -> the options recorded (digests, not paths).
+def options(file_type: str, tokens: dict[str, str]) -> tuple[dict[str, Any], dict[str, Path]]:
+    """`calibration=PATH|default`, `calibration-ctx=N`, `imatrix=PATH` -> the options recorded (digests, not paths),
+    and the file each digest was read from (hashed here, once).
 
     For file types whose encoders read no weights (F16, Q8_0, ...) the importance matrix is dropped: it would
     change nothing but the conversion key.
@@ -360,20 +359,23 @@ def options(file_type: str, tokens: dict[str, str]) -> dict[str, Any]:
     if "calibration-ctx" in tokens and "calibration" not in tokens:
         raise UsageError("--calibration-ctx goes with --calibration", hint=_HINT)
     out: dict[str, Any] = {}
+    files: dict[str, Path] = {}
     if "calibration" in tokens:
         path = DEFAULT_CALIBRATION if tokens["calibration"] == "default" else Path(tokens["calibration"]).expanduser()
         ctx = tokens.get("calibration-ctx", str(DEFAULT_CHUNK))
         if not (ctx.isascii() and ctx.isdigit() and len(ctx) <= 9) or int(ctx) < MIN_CHUNK:
             raise UsageError(f"--calibration-ctx {ctx}: a whole number of tokens, at least {MIN_CHUNK}",
                              hint=f"llama-imatrix's default is {DEFAULT_CHUNK}")
-        digest = _digest(path, "--calibration")
+        digest = hash_given(path, "--calibration")
         out["calibration"] = {"sha256": digest, "name": path.name, "chunk_size": int(ctx)}
+        files[digest] = path.resolve()
     elif "imatrix" in tokens:
         path = Path(tokens["imatrix"]).expanduser()
-        digest = _digest(path, "--imatrix")
+        digest = hash_given(path, "--imatrix")
         read(path)  # refused now, before any download, when it is not an importance matrix
         out["imatrix"] = {"sha256": digest, "name": path.name}
-    return {} if file_type in UNWEIGHTED_FILE_TYPES else out
+        files[digest] = path.resolve()
+    return ({}, {}) if file_type in UNWEIGHTED_FILE_TYPES else (out, files)
 
 
 #: What each flag's file may hold. Calibration texts people pass to llama-imatrix are a few MiB; 256 MiB is far more
@@ -382,24 +384,25 @@ def options(file_type: str, tokens: dict[str, str]) -> dict[str, Any]:
 MAX_FILE = {"--calibration": 256 << 20, "--imatrix": 4 << 30}
 
 
-def _digest(path: Path, flag: str) -> str:
-    # A regular file of sane size: /dev/zero or a FIFO would be hashed forever.
+def hash_given(path: Path, flag: str) -> str:
+    """The sha256 of a file a flag names, once it is known to be a regular file of sane size (/dev/zero or a FIFO
+    would be hashed forever)."""
     with open_input(path, flag, limit=MAX_FILE[flag], hint=_HINT) as f:
         h = hashlib.sha256()
         while chunk := f.read(4 << 20):
             h.update(chunk)
-    digest = h.hexdigest()
-    _PATHS[digest] = path.resolve()
-    return digest
+    return h.hexdigest()
 
 
-def path_of(digest: str) -> Path:
-    """The file an option's digest was read from in this process, checked unchanged."""
-    path = _PATHS.get(digest)
-    if path is None or not path.is_file() or sha256_file(path) != digest:
+def copy_given(source: Path, dest: Path, digest: str) -> None:
+    """Copy a file the options name into the artifact, hashed on the way: it must be the bytes they were keyed by."""
+    try:
+        same = write_hashed(dest, file_chunks(source)) == digest
+    except FileNotFoundError:
+        same = False
+    if not same:
         raise UsageError("the calibration text or importance matrix changed (or vanished) since the command started",
                          hint="run the command again")
-    return path
 
 
 if __name__ == "__main__":

@@ -75,15 +75,15 @@ def source_name(source: SourceInfo) -> str:
     return source.repo.rstrip("/").rsplit("/", 1)[-1]
 
 
-def general_name(directory: Path, source: str) -> str:
-    """The model's name for `general.name`: the card's, config.json's repository id, or `source` (the name of the
-    directory it came from, `source_name`) as a title."""
+def general_name(directory: Path, source: str, config: dict[str, Any] | None = None) -> str:
+    """The model's name for `general.name`: the card's, config.json's repository id (`config`: config.json when
+    already read), or `source` (the name of the directory it came from, `source_name`) as a title."""
     card = model_card(directory)
     for key in ("name", "model_name"):
         value = card.get(key)
         if isinstance(value, str) and value.strip():
             return value
-    path = (read_object(directory / "config.json") or {}).get("_name_or_path")
+    path = ((config if config is not None else read_object(directory / "config.json")) or {}).get("_name_or_path")
     if isinstance(path, str) and path.strip() and path.count("/") <= 1 and _full_name(path):
         return id_to_title(_full_name(path))
     return id_to_title(source) or "model"

@@ -110,18 +110,20 @@ def plan(directory: Path, safetensors: list[Path], file_type: str, name: str) ->
 
 
 def plans(directory: Path, safetensors: list[Path], file_types: Sequence[str], name: str,
-          has_imatrix: Sequence[bool] = ()) -> list[GGUFPlan]:
+          has_imatrix: Sequence[bool] = (), config: dict[str, Any] | None = None) -> list[GGUFPlan]:
     """One plan per type; config, headers and tokenizer are read once for all of them; `has_imatrix` per type:
-    whether it is quantized with an importance matrix (some of llama.cpp's rules change with one)."""
+    whether it is quantized with an importance matrix (some of llama.cpp's rules change with one); `config`:
+    config.json when the caller has read it."""
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise UnsupportedModel("the snapshot has no config.json", hint="GGUF needs the model's config.json")
     if not safetensors:
         raise UnsupportedModel("the snapshot has no .safetensors weights",
                                hint="GGUF is converted from safetensors; pickle weights are not read")
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    if config is None:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
     model = plan_model(config, load_weights(safetensors), name)
-    vocab = load_vocab(directory, model.vocab_size)
+    vocab = load_vocab(directory, model.vocab_size, config)
     if model.architecture in families.GEMMAS and vocab.model == "llama":
         vocab.add_space_prefix = False  # llama.cpp's converter says so for every Gemma SentencePiece model
     prefix = (read_object(directory / "tokenizer_config.json") or {}).get("add_prefix_space")

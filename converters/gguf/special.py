@@ -262,9 +262,9 @@ def _set(special: Special, n_vocab: int, kind: str, tid: Any) -> None:
 
 
 def read_special(directory: Path, n_vocab: int, load_merges: bool,
-                 tokenizer: dict[str, Any] | None = None) -> Special:
+                 tokenizer: dict[str, Any] | None = None, model_config: dict[str, Any] | None = None) -> Special:
     """Everything beside the tokens that llama.cpp's converter writes for the tokenizer in `directory`
-    (`tokenizer`: tokenizer.json already parsed by the caller, not read again)."""
+    (`tokenizer`, `model_config`: tokenizer.json and config.json already parsed by the caller, not read again)."""
     special = Special()
     tokenizer = tokenizer if tokenizer is not None else read_object(directory / "tokenizer.json")
     config = read_object(directory / "tokenizer_config.json")
@@ -290,7 +290,8 @@ def read_special(directory: Path, n_vocab: int, load_merges: bool,
             if isinstance(content, str):
                 tid = next((t.get("id") for t in added if t.get("content") == content), None)
                 _set(special, n_vocab, kind, tid)
-    model_config = read_object(directory / "config.json")
+    if model_config is None:
+        model_config = read_object(directory / "config.json")
     if model_config is not None:
         text_config = model_config.get("text_config")
         for kind in special.kinds:

@@ -67,7 +67,7 @@ def _looks_special(text: str) -> bool:
             or (text.startswith("<unused") and text.endswith(">")))
 
 
-def _bpe(directory: Path, vocab_size: int) -> Vocab:
+def _bpe(directory: Path, vocab_size: int, config: dict[str, Any] | None) -> Vocab:
     """A byte-level BPE tokenizer.json (GPT-2 style, as Qwen and Llama 3 ship)."""
     doc = read_object(directory / "tokenizer.json") or {}
     model = doc.get("model", {})
@@ -96,7 +96,7 @@ def _bpe(directory: Path, vocab_size: int) -> Vocab:
     tokens = [by_id.get(i, (f"[PAD{i}]", UNUSED))[0] for i in range(size)]
     types = [by_id.get(i, ("", UNUSED))[1] for i in range(size)]
     vocab = Vocab(model="gpt2", pre=detected.name, tokens=tokens, types=types, pre_detected=detected)
-    vocab.special = read_special(directory, len(tokens), load_merges=True, tokenizer=doc)
+    vocab.special = read_special(directory, len(tokens), load_merges=True, tokenizer=doc, model_config=config)
     if not vocab.special.merges:
         raise UnsupportedTokenizer("tokenizer.json has no merges", hint="a BPE tokenizer needs its merges")
     return vocab
@@ -185,7 +185,7 @@ def dummy_prefix(raw: bytes) -> bool:
     return found
 
 
-def _sentencepiece(directory: Path, vocab_size: int) -> Vocab:
+def _sentencepiece(directory: Path, vocab_size: int, config: dict[str, Any] | None) -> Vocab:
     """A SentencePiece tokenizer.model (Llama 2, Mistral): pieces, scores and types from its ModelProto."""
     raw = (directory / "tokenizer.model").read_bytes()
     tokens: list[str] = []
@@ -238,15 +238,16 @@ def _sentencepiece(directory: Path, vocab_size: int) -> Vocab:
             scores[tid] = -1000.0
     vocab = Vocab(model="llama", pre="default", tokens=tokens, types=types, scores=scores,
                   add_space_prefix=None if add_dummy_prefix else False)
-    vocab.special = read_special(directory, len(tokens), load_merges=False)
+    vocab.special = read_special(directory, len(tokens), load_merges=False, model_config=config)
     return vocab
 
 
-def load_vocab(directory: Path, vocab_size: int) -> Vocab:
-    """The tokenizer in `directory`, preferring tokenizer.model as llama.cpp's converter does."""
+def load_vocab(directory: Path, vocab_size: int, config: dict[str, Any] | None = None) -> Vocab:
+    """The tokenizer in `directory`, preferring tokenizer.model as llama.cpp's converter does (`config`: the
+    model's config.json when already read)."""
     if (directory / "tokenizer.model").is_file():
-        return _sentencepiece(directory, vocab_size)
+        return _sentencepiece(directory, vocab_size, config)
     if (directory / "tokenizer.json").is_file():
-        return _bpe(directory, vocab_size)
+        return _bpe(directory, vocab_size, config)
     raise UnsupportedTokenizer("the snapshot has neither tokenizer.model nor tokenizer.json",
                                hint="GGUF embeds the tokenizer: pull the repository with its tokenizer files")

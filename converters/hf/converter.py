@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -11,11 +12,19 @@ from registry.convert.protocol import (
     ConversionResult,
     Converter,
     ConverterBase,
-    Options,
+    Prepared,
     RawOptions,
     Session,
+    TargetOptions,
 )
 from registry.errors import UsageError
+
+
+@dataclass(frozen=True)
+class HFOptions:
+    """The identity format's options: none."""
+
+    format: ClassVar[str] = "hf"
 
 
 class HFConverter(ConverterBase):
@@ -29,11 +38,15 @@ class HFConverter(ConverterBase):
     #: 4: shard indexes agree with their shards; config sizes bounded by the weights; headers as the loaders read them.
     version: ClassVar[str] = "4"
 
-    def options(self, raw: RawOptions) -> Options:
+    def parse(self, raw: RawOptions) -> HFOptions:
         """The identity format takes no options."""
         if raw:
             raise UsageError(f"--to hf takes no options (got {', '.join(sorted(raw))})", hint="use plain --to hf")
-        return {}
+        return HFOptions()
+
+    def prepare(self, options: TargetOptions) -> Prepared:
+        """Nothing to check or read."""
+        return Prepared(self.format, {})
 
     def tool_versions(self) -> dict[str, str]:
         """No tool touches the bytes."""
@@ -47,8 +60,9 @@ class HFConverter(ConverterBase):
         from registry.convert.configs import check_configs, check_sizes
 
         sources = {f.path: request.source_files(f.path) for f in request.source.files}
-        check_configs(sources)
-        check_sizes(sources)  # no engine could build the model its config describes from these weights
+        check_configs(sources, request.configs_read)
+        # No engine could build the model its config describes from these weights.
+        check_sizes(sources, request.configs_read)
         found = weights.scan({label: path for label, path in sources.items() if label.endswith(".safetensors")})
         known: dict[str, str] = {}
         mismatched: list[str] = []

@@ -26,6 +26,7 @@ import contextlib
 import gc
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,8 +37,10 @@ from registry.convert.protocol import (
     Converter,
     ConverterBase,
     Options,
+    Prepared,
     RawOptions,
     Session,
+    TargetOptions,
     main_file,
     spec_of,
     stage,
@@ -101,6 +104,18 @@ def parse_spec(spec: str) -> Options:
     return options
 
 
+@dataclass(frozen=True)
+class ONNXOptions:
+    """`--to onnx:fp16,with-past` typed (what `parse_spec` reads)."""
+
+    format: ClassVar[str] = "onnx"
+    dtype: str = "fp32"
+    quantize: str | None = None
+    optimize: bool = False
+    with_past: bool = False
+    exporter: str = "torchscript"
+
+
 def precision(options: Options) -> str:
     """The precision whose verification thresholds apply: int8, fp16 or fp32."""
     return "int8" if options["quantize"] == "int8" else str(options["dtype"])
@@ -129,9 +144,14 @@ class ONNXConverter(ConverterBase):
     #: 5: fp16 is exported from a float16 model (no onnxruntime float16 conversion); one full past for every layer.
     version: ClassVar[str] = "5"
 
-    def options(self, raw: RawOptions) -> Options:
-        """`{"spec": "fp16,with-past"}` -> `{"dtype": "fp16", "quantize": None, "optimize": False, ...}`."""
-        return parse_spec(spec_of("onnx", raw, GRAMMAR))
+    def parse(self, raw: RawOptions) -> ONNXOptions:
+        """`{"spec": "fp16,with-past"}` -> `ONNXOptions(dtype="fp16", with_past=True)`."""
+        return ONNXOptions(**parse_spec(spec_of("onnx", raw, GRAMMAR)))
+
+    def prepare(self, options: TargetOptions) -> Prepared:
+        """`{"dtype": "fp16", "quantize": None, "optimize": False, ...}`: the options as recorded."""
+        assert isinstance(options, ONNXOptions)
+        return Prepared(self.format, asdict(options))
 
     def check_config(self, config: dict[str, Any], options: Options | None = None) -> None:
         """A model type the exporter covers (encoder or causal decoder), before any download."""
@@ -185,8 +205,9 @@ class ONNXConverter(ConverterBase):
         opts = request.options
         # transformers follows the shard index: it must name the snapshot's own shards and agree with them.
         sources = {f.path: request.source_files(f.path) for f in request.source.files}
-        check_configs(sources)
-        check_sizes(sources)  # transformers builds every layer the config names before it reads a weight
+        check_configs(sources, request.configs_read)
+        # transformers builds every layer the config names before it reads a weight.
+        check_sizes(sources, request.configs_read)
         config = ex.read_config(directory)
         task = ex.classify(config)
         if opts["with_past"] and task != "text-generation":

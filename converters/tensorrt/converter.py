@@ -25,6 +25,8 @@ import contextlib
 import hashlib
 import json
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -45,7 +47,9 @@ from registry.convert.protocol import (
     Converter,
     ConverterBase,
     Options,
+    Prepared,
     RawOptions,
+    TargetOptions,
     spec_of,
     stage,
 )
@@ -117,6 +121,20 @@ def parse_spec(spec: str) -> Options:
     return opts
 
 
+@dataclass(frozen=True)
+class TensorRTOptions:
+    """`--to tensorrt:target=sm_86+sm_89,precision=fp16` typed (what `parse_spec` reads); no targets: the local
+    GPU's, found when the options are prepared."""
+
+    format: ClassVar[str] = "tensorrt"
+    backend: str = "tensorrt-rtx"
+    targets: tuple[str, ...] = ()
+    precision: str = "fp32"
+    shapes: Mapping[str, list[list[int]]] | None = None
+    hardware_compatibility: str = "none"
+    version_compatible: bool = False
+
+
 def finish_options(opts: dict[str, Any]) -> dict[str, Any]:
     """Fill the targets from the local GPU where none were given; refuse what a backend cannot build."""
     if not opts["targets"]:
@@ -152,9 +170,18 @@ class TensorRTConverter(ConverterBase):
     version: ClassVar[str] = "2"
     needs: ClassVar[tuple[str, ...]] = ("onnx",)
 
-    def options(self, raw: RawOptions) -> Options:
-        """`{"spec": "target=sm_86,precision=fp16"}` -> the normalized options (part of the conversion key)."""
-        return finish_options(parse_spec(spec_of("tensorrt", raw, GRAMMAR)))
+    def parse(self, raw: RawOptions) -> TensorRTOptions:
+        """`{"spec": "target=sm_86,precision=fp16"}` -> `TensorRTOptions(targets=("sm_86",), precision="fp16")`."""
+        opts = parse_spec(spec_of("tensorrt", raw, GRAMMAR))
+        return TensorRTOptions(**{**opts, "targets": tuple(opts["targets"])})
+
+    def prepare(self, options: TargetOptions) -> Prepared:
+        """The normalized options (part of the conversion key): targets filled from the local GPU, checked."""
+        assert isinstance(options, TensorRTOptions)
+        return Prepared(self.format, finish_options({
+            "backend": options.backend, "targets": list(options.targets), "precision": options.precision,
+            "shapes": dict(options.shapes or {}), "hardware_compatibility": options.hardware_compatibility,
+            "version_compatible": options.version_compatible}))
 
     def tool_versions(self) -> dict[str, str]:
         """Versions of both backends' packages where installed (metadata only), and the fp16 converter's."""

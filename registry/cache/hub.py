@@ -30,6 +30,76 @@ from registry.errors import (
 from registry.progress import NoProgress, Progress
 
 
+class Hub:
+    """One repository at one revision of a hub, listed at most once: a conversion reads its config.json, then pulls
+    the weights of the same commit, from the one listing."""
+
+    def __init__(self, cache: Path, repo: str, revision: str | None = None, *, endpoint: str | None = None,
+                 offline: bool = False) -> None:
+        check_repo_id(repo)
+        self.cache, self.repo, self.wanted, self.endpoint, self.offline = cache, repo, revision or "main", endpoint, \
+            offline
+        self._listed: tuple[str, list[RemoteFile]] | Snapshot | None = None
+
+    def listing(self) -> tuple[str, list[RemoteFile]] | Snapshot:
+        """The commit the revision names and its files, asked of the hub once (unreachable: the cached snapshot)."""
+        if self._listed is None:
+            self._listed = _listing(self.cache, self.repo, self.wanted, self.endpoint)
+        return self._listed
+
+    def at(self, commit: str) -> Hub:
+        """The same repository at a commit, with this listing when it named that commit (nothing asked again)."""
+        hub = Hub(self.cache, self.repo, commit, endpoint=self.endpoint, offline=self.offline)
+        if isinstance(self._listed, tuple) and self._listed[0] == commit:
+            hub._listed = self._listed
+        return hub
+
+    def pull(self, *, include: Sequence[str] = (), exclude: Sequence[str] = (), allow_pickle: bool = False,
+             progress: Progress | None = None) -> Snapshot:
+        """Download the selected files into the cache, verify every one, pin the commit."""
+        cache, repo, wanted = self.cache, self.repo, self.wanted
+        progress = progress or NoProgress()
+        cache.mkdir(parents=True, exist_ok=True)
+        if is_commit(wanted):
+            hit = load_record(cache, repo, wanted)
+            if hit is not None and _covers(hit, include, exclude, allow_pickle):
+                return hit
+        if self.offline:
+            commit = wanted if is_commit(wanted) else cached_ref(cache, repo, wanted)
+            hit = load_record(cache, repo, commit) if commit else None
+            if hit is None:
+                raise NotFound(
+                    f"{repo}@{wanted} is not in the cache {cache}",
+                    hint="run the same pull without --offline on a machine that reaches the hub",
+                )
+            return hit
+        listed = self.listing()
+        if isinstance(listed, Snapshot):  # the hub is unreachable, and the cache has what the ref named
+            return listed
+        commit, remote = listed
+        hit = load_record(cache, repo, commit)
+        if hit is not None and _covers(hit, include, exclude, allow_pickle):
+            write_ref(cache, repo, wanted, commit)
+            return hit
+        folder = layout.cache_repo_dir(cache, repo)
+        snap_dir = layout.cache_snapshot_dir(cache, repo, commit)
+        plan = plan_pull(repo, commit, remote, include=include, exclude=exclude, allow_pickle=allow_pickle,
+                         present=_present_files(snap_dir, remote))
+        plan = check_space(plan, cache)
+        before = _blob_bytes(folder)
+        files = _fetch_all(plan, cache, self.endpoint, snap_dir, progress)
+        downloaded = max(_blob_bytes(folder) - before, 0)
+        record = PullRecord(
+            source=SourceInfo(kind="hub", repo=repo, requested_revision=wanted, commit=commit,
+                              endpoint=self.endpoint, files=files),
+            skipped=plan.skipped_pickle + plan.skipped_filter,
+            pulled=provenance.now(),
+        )
+        write_record(cache, repo, commit, record)
+        write_ref(cache, repo, wanted, commit)
+        return Snapshot(cache, record, snap_dir, reused=False, downloaded_bytes=downloaded)
+
+
 def pull_hub(
     cache: Path,
     repo: str,
@@ -43,48 +113,8 @@ def pull_hub(
     progress: Progress | None = None,
 ) -> Snapshot:
     """Download a hub repository at a revision into the cache, verify every file, pin the commit."""
-    check_repo_id(repo)
-    progress = progress or NoProgress()
-    cache.mkdir(parents=True, exist_ok=True)
-    wanted = revision or "main"
-    if is_commit(wanted):
-        hit = load_record(cache, repo, wanted)
-        if hit is not None and _covers(hit, include, exclude, allow_pickle):
-            return hit
-    if offline:
-        commit = wanted if is_commit(wanted) else cached_ref(cache, repo, wanted)
-        hit = load_record(cache, repo, commit) if commit else None
-        if hit is None:
-            raise NotFound(
-                f"{repo}@{wanted} is not in the cache {cache}",
-                hint="run the same pull without --offline on a machine that reaches the hub",
-            )
-        return hit
-    listed = _listing(cache, repo, wanted, endpoint)
-    if isinstance(listed, Snapshot):  # the hub is unreachable, and the cache has what the ref named
-        return listed
-    commit, remote = listed
-    hit = load_record(cache, repo, commit)
-    if hit is not None and _covers(hit, include, exclude, allow_pickle):
-        write_ref(cache, repo, wanted, commit)
-        return hit
-    folder = layout.cache_repo_dir(cache, repo)
-    snap_dir = layout.cache_snapshot_dir(cache, repo, commit)
-    plan = plan_pull(repo, commit, remote, include=include, exclude=exclude, allow_pickle=allow_pickle,
-                     present=_present_files(snap_dir, remote))
-    plan = check_space(plan, cache)
-    before = _blob_bytes(folder)
-    files = _fetch_all(plan, cache, endpoint, snap_dir, progress)
-    downloaded = max(_blob_bytes(folder) - before, 0)
-    record = PullRecord(
-        source=SourceInfo(kind="hub", repo=repo, requested_revision=wanted, commit=commit, endpoint=endpoint,
-                          files=files),
-        skipped=plan.skipped_pickle + plan.skipped_filter,
-        pulled=provenance.now(),
-    )
-    write_record(cache, repo, commit, record)
-    write_ref(cache, repo, wanted, commit)
-    return Snapshot(cache, record, snap_dir, reused=False, downloaded_bytes=downloaded)
+    return Hub(cache, repo, revision, endpoint=endpoint, offline=offline).pull(
+        include=include, exclude=exclude, allow_pickle=allow_pickle, progress=progress)
 
 
 def describe_hub(cache: Path, repo: str, revision: str | None = None, *, endpoint: str | None = None,
@@ -95,15 +125,15 @@ def describe_hub(cache: Path, repo: str, revision: str | None = None, *, endpoin
     later pull verifies the bytes against those same values; the small files it lists only by git
     blob id, so they are pulled (verified) into the cache and hashed, where the full pull reuses them.
     """
-    check_repo_id(repo)
-    wanted = revision or "main"
+    hub = Hub(cache, repo, revision, endpoint=endpoint, offline=offline)
+    wanted = hub.wanted
     if offline:
-        return _whole(pull_hub(cache, repo, wanted, offline=True), NotFound)
+        return _whole(hub.pull(), NotFound)
     if is_commit(wanted):
         hit = load_record(cache, repo, wanted)
         if hit is not None and _covers(hit, (), (), False):
             return hit.record.source
-    listed = _listing(cache, repo, wanted, endpoint)
+    listed = hub.listing()
     if isinstance(listed, Snapshot):  # unreachable hub, cached snapshot: what a pull would convert
         return _whole(listed, HubUnavailable)
     commit, remote = listed
@@ -114,7 +144,7 @@ def describe_hub(cache: Path, repo: str, revision: str | None = None, *, endpoin
     small = [f for f in plan.selected if f.lfs_sha256 is None]
     hashed = {}
     if small:
-        snap = pull_hub(cache, repo, commit, endpoint=endpoint, include=[glob.escape(f.path) for f in small])
+        snap = hub.at(commit).pull(include=[glob.escape(f.path) for f in small])
         hashed = {f.path: f for f in snap.record.source.files}
     files = tuple(hashed[f.path] if f.lfs_sha256 is None else
                   SourceFile(path=f.path, size=f.size, sha256=f.lfs_sha256, lfs=True) for f in plan.selected)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -35,23 +35,16 @@ def _tensorrt_tokens(backend: str | None, target: str | None, shapes: str | None
         f"precision={precision}" if precision else "") if t]
 
 
-def _gguf_tokens(budget: str | None, evaluation: str | None, eval_tokens: int | None, calibration: str | None,
-                 ctx: int | None, imatrix_file: str | None) -> list[str]:
-    """--budget/--evaluation/--eval-tokens/--calibration/--calibration-ctx/--imatrix as `--to gguf:` spec tokens (a
-    comma would split a path: refused)."""
-    from registry.errors import UsageError
-
-    for flag, value in (("--evaluation", evaluation), ("--calibration", calibration), ("--imatrix", imatrix_file)):
-        if value and "," in value:
-            raise UsageError(f"{flag} {value}: a path with a comma cannot be given",
-                             hint="rename or link the file to a path without commas")
-    return [t for t in (
-        *(x.strip() for x in (budget or "").split(",") if x.strip()),
-        f"evaluation={evaluation}" if evaluation else "",
-        f"tokens={eval_tokens}" if eval_tokens is not None else "",
-        f"calibration={calibration}" if calibration else "",
-        f"calibration-ctx={ctx}" if ctx is not None else "",
-        f"imatrix={imatrix_file}" if imatrix_file else "") if t]
+def _gguf_fields(budget: str | None, evaluation: str | None, eval_tokens: int | None, calibration: str | None,
+                 ctx: int | None, imatrix_file: str | None) -> dict[str, Any]:
+    """--budget/--evaluation/--eval-tokens/--calibration/--calibration-ctx/--imatrix as the fields of the GGUF
+    options they set (a path is taken whole: it may hold a comma)."""
+    fields: dict[str, Any] = {
+        "budget": tuple(x.strip() for x in (budget or "").split(",") if x.strip()) or None,
+        "evaluation": evaluation or None, "tokens": str(eval_tokens) if eval_tokens is not None else None,
+        "calibration": calibration or None, "calibration_ctx": str(ctx) if ctx is not None else None,
+        "imatrix": imatrix_file or None}
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def _say_waiting(w: Waiting) -> None:
@@ -156,16 +149,16 @@ def convert_cmd(source: str | None, matrix_path: str | None, item: int | None, a
     them) is converted into the matrix's store: this is what each task of an emitted CI matrix,
     Kubernetes Job or Argo Workflow runs.
     """
-    from registry.convert.plan import parse_target, with_spec_flags
+    from registry.convert.plan import parse_target, typed, with_flags, with_spec_flags
 
     src, targets, name, store, index = _matrix_item(matrix_path, item, among, source, targets, name, store)
-    parsed = with_spec_flags([parse_target(t) for t in targets], "tensorrt",
-                             _tensorrt_tokens(backend, trt_target, shapes, precision),
-                             "--backend, --target, --shapes and --precision")
-    parsed = with_spec_flags(parsed, "gguf", _gguf_tokens(budget, evaluation, eval_tokens, calibration,
-                                                          calibration_ctx, imatrix_file),
-                             "--budget, --evaluation, --eval-tokens, --calibration, --calibration-ctx and --imatrix")
-    api.check_targets(parsed)  # bad targets or options are refused before any download
+    spelled = with_spec_flags([parse_target(t) for t in targets], "tensorrt",
+                              _tensorrt_tokens(backend, trt_target, shapes, precision),
+                              "--backend, --target, --shapes and --precision")
+    options = with_flags([typed(t) for t in spelled], "gguf", _gguf_fields(budget, evaluation, eval_tokens,
+                                                                           calibration, calibration_ctx, imatrix_file),
+                         "--budget, --evaluation, --eval-tokens, --calibration, --calibration-ctx and --imatrix")
+    parsed = api.prepare_targets(options)  # bad targets or options are refused before any download, files read once
     settings = settings_for(config_path, cache_dir, store)
     location = str(settings.require_store())
     st = s3_store(location) if location.startswith("s3://") else local_store(settings)

@@ -23,6 +23,7 @@ from registry.cli.options import (
     store_option,
 )
 from registry.cli.render import Output
+from registry.oci.reference import is_oci
 from registry.refs import check_alias, check_name, parse_ref
 from registry.units import human_size
 
@@ -30,10 +31,6 @@ if TYPE_CHECKING:
     from registry.store.local import LocalStore
     from registry.store.protocol import Version
     from registry.store.transfer import SyncOutcome
-
-
-def _is_oci(location: str) -> bool:
-    return location.startswith(("oci://", "oci-layout:", "oci-archive:"))
 
 
 @click.command("push")
@@ -79,7 +76,7 @@ def push_cmd(ref: str, remote: str, force: bool, as_image: bool, base: str | Non
     """
     local = local_store(settings_for(config_path, store=store))
     v = local.resolve(parse_ref(ref))
-    if _is_oci(remote):
+    if is_oci(remote):
         _push_oci(local, v, remote, force, insecure, as_json, as_image, base)
         return
     if as_image or base:
@@ -176,7 +173,7 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
     whose signatures verifies against it is refused (exit 6) before anything is downloaded, and
     the local alias is left as it was; the valid records are kept beside the local copy.
     """
-    if _is_oci(remote):
+    if is_oci(remote):
         if watch is not None:
             raise click.UsageError("--watch follows S3 aliases; an OCI tag is not an alias")
         settings = settings_for(config_path, store=store)

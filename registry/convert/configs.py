@@ -48,13 +48,23 @@ def is_config(label: str) -> bool:
     return name in CONFIG_FILES or name.endswith(INDEX_SUFFIX)
 
 
-def check_configs(files: Mapping[str, Path]) -> None:
+def check_configs(files: Mapping[str, Path], read: Mapping[str, dict[str, Any]] | None = None) -> None:
     """Every config of the snapshot (label -> path) is a JSON object, InvalidConfig naming the first that is not;
-    then every shard index agrees with its shards (`check_indexes`)."""
+    then every shard index agrees with its shards (`check_indexes`). `read`: configs already read (as objects),
+    by label, not read again."""
     for label, path in sorted(files.items()):
-        if is_config(label):
+        if is_config(label) and label not in (read or {}):
             read_object(path, label)
     check_indexes(files)
+
+
+def read_config(path: Path) -> dict[str, Any] | None:
+    """A model's config.json as a JSON object, or None when it is absent or is not one (whoever needs it then
+    reads it again through `check_configs`, which names the damage)."""
+    try:
+        return read_object(path, "config.json")
+    except (InvalidConfig, OSError):
+        return None
 
 
 def read_object(path: Path, label: str | None = None) -> dict[str, Any] | None:
@@ -165,19 +175,20 @@ WIDTH_FIELDS = ("hidden_size", "n_embd", "d_model", "intermediate_size", "vocab_
                 "num_key_value_heads", "head_dim")
 
 
-def check_sizes(files: Mapping[str, Path]) -> None:
+def check_sizes(files: Mapping[str, Path], read: Mapping[str, dict[str, Any]] | None = None) -> None:
     """The sizes each config.json gives (and its nested text or vision config) bounded by the safetensors beside it,
     before a loader builds a model from them: layers by the tensors stored, widths by the largest dimension stored.
 
     transformers, vLLM and the ONNX export build every layer the config names before any weight is read; a config
     of 10**9 layers beside two layers of weights would exhaust memory there. InvalidConfig names the field.
+    `read`: configs already read, by label.
     """
     for label in sorted(files):
         if posixpath.basename(label) != "config.json":
             continue
         folder = posixpath.dirname(label)
         shards = [s for s in files if s.endswith(".safetensors") and posixpath.dirname(s) == folder]
-        config = read_object(files[label], label)
+        config = (read or {}).get(label) or read_object(files[label], label)
         if not shards or config is None:
             continue
         headers = [read_header(files[s], s) for s in sorted(shards)]

@@ -8,15 +8,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from manifests import Artifact, ConverterInfo, Manifest, SourceInfo
 from registry import atomic, layout, machine, provenance
 from registry.cache import Snapshot
+from registry.convert.configs import read_config
 from registry.convert.modelinfo import read_model_info
 from registry.convert.once import Waiting, run_once
-from registry.convert.plan import Planned, conversion_key, groups, with_prerequisites
-from registry.convert.protocol import ConversionRequest, ConversionResult, Options, Target
+from registry.convert.plan import AnyTarget, Planned, conversion_key, groups, prepare, with_prerequisites
+from registry.convert.protocol import ConversionRequest, ConversionResult, Options
 from registry.errors import IntegrityError
 from registry.progress import NoProgress, Progress
 from registry.refs import check_name
@@ -44,13 +45,14 @@ def convert(
     store: LocalStore | S3Store,
     snapshot: Snapshot,
     name: str,
-    targets: Sequence[Target],
+    targets: Sequence[AnyTarget],
     *,
     copy: bool = False,
     progress: Progress | None = None,
     parent: Version | None = None,
     wait: bool = True,
     on_wait: Callable[[Waiting], None] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> ConversionOutcome:
     """Make (or find) the version of `name` holding `targets` converted from `snapshot`.
 
@@ -61,7 +63,8 @@ def convert(
     One run per key does the work, on any number of machines sharing the store
     (`registry.convert.once`): the others wait for its version (`on_wait` says who they wait for),
     or with `wait=False` raise LeaseHeld at once. Into an S3 store the version is built in a
-    temporary local store, then pushed (blobs, create-only manifest, key index).
+    temporary local store, then pushed (blobs, create-only manifest, key index). `config`: the source's
+    config.json as already read (by `registry.source`), else it is read here once for every reader.
     """
     check_name(name)
     progress = progress or NoProgress()
@@ -71,8 +74,9 @@ def convert(
     def work(lease: Lease) -> Version:
         if isinstance(store, LocalStore):
             return _make(store, snapshot, name, key, plan, carried, parent, copy=copy, progress=progress,
-                         before_publish=lease.confirm)
-        return _make_remote(store, snapshot, name, key, plan, copy=copy, progress=progress, lease=lease)
+                         before_publish=lease.confirm, config=config)
+        return _make_remote(store, snapshot, name, key, plan, copy=copy, progress=progress, lease=lease,
+                            config=config)
 
     done = run_once(store.conversion_slot(name, key), name, key, find=lambda: store.find_by_key(name, key),
                     work=work, wait=wait, on_wait=on_wait)
@@ -81,22 +85,24 @@ def convert(
     return ConversionOutcome(version, done.made is None, time.monotonic() - started, snapshot.record.source)
 
 
-def planned(snapshot: Snapshot, targets: Sequence[Target],
+def planned(snapshot: Snapshot, targets: Sequence[AnyTarget],
             parent: Version | None = None) -> tuple[list[Planned], list[Artifact], str]:
-    """The targets to make (after what they need), the parent's artifacts carried along, and the conversion key."""
-    requested = [fmt for fmt, _ in targets]
+    """The targets to make (after what they need), the parent's artifacts carried along, and the conversion key
+    (targets already prepared are taken as they are: nothing is read twice)."""
+    prepared = prepare(targets)
+    requested = [t.format for t in prepared]
     carried = [a for a in (parent.manifest.artifacts if parent else ()) if a.format not in requested]
-    plan = with_prerequisites(targets, {a.format for a in carried})
+    plan = with_prerequisites(prepared, {a.format for a in carried})
     key = conversion_key(
         snapshot.record.source,
         [(a.format, a.converter.name, a.converter.version, a.options, a.tool_versions) for a in carried]
-        + [(c.format, c.name, c.version, opts, tools) for c, opts, tools in plan],
+        + [(c.format, c.name, c.version, p.options, tools) for c, p, tools in plan],
     )
     return plan, carried, key
 
 
 def _make_remote(remote: S3Store, snapshot: Snapshot, name: str, key: str, plan: list[Planned], *, copy: bool,
-                 progress: Progress, lease: Lease) -> Version:
+                 progress: Progress, lease: Lease, config: dict[str, Any] | None) -> Version:
     """Build the version in a temporary local store, then push it: the push's own order (blobs, create-only
     manifest, key index) is what keeps a killed run from leaving a partial version in the bucket."""
     from registry.store.transfer import push
@@ -110,7 +116,7 @@ def _make_remote(remote: S3Store, snapshot: Snapshot, name: str, key: str, plan:
     try:
         local = LocalStore(work)
         made = _make(local, snapshot, name, key, plan, [], None, copy=copy, progress=progress,
-                     before_publish=lambda: None)
+                     before_publish=lambda: None, config=config)
         lease.confirm()
         return push(local, made, remote, progress=progress).version
     finally:
@@ -120,15 +126,24 @@ def _make_remote(remote: S3Store, snapshot: Snapshot, name: str, key: str, plan:
 _WORK_TAG = "work"
 
 
+def _read_config(snapshot: Snapshot) -> dict[str, Any] | None:
+    """The snapshot's config.json, read once for the manifest and every converter (None: none, or damaged)."""
+    has = any(f.path == "config.json" for f in snapshot.record.source.files)
+    return read_config(snapshot.file("config.json")) if has else None
+
+
 def _make(store: LocalStore, snapshot: Snapshot, name: str, key: str, plan: list[Planned], carried: list[Artifact],
-          parent: Version | None, *, copy: bool, progress: Progress, before_publish: Callable[[], None]) -> Version:
+          parent: Version | None, *, copy: bool, progress: Progress, before_publish: Callable[[], None],
+          config: dict[str, Any] | None) -> Version:
     """Stage, convert every group, verify, publish (once `before_publish` allows it): the new version."""
+    config = config if config is not None else _read_config(snapshot)
     with store.writers():
         staging = store.stage(name)
         try:
             artifacts = [staging.carry(a) for a in carried]
             for group in groups(plan):
-                artifacts += _run_group(staging, snapshot, name, group, artifacts, copy=copy, progress=progress)
+                artifacts += _run_group(staging, snapshot, name, group, artifacts, copy=copy, progress=progress,
+                                        config=config)
             manifest = Manifest(
                 name=name,
                 version=1,
@@ -136,7 +151,7 @@ def _make(store: LocalStore, snapshot: Snapshot, name: str, key: str, plan: list
                 parent=parent.number if parent else None,
                 source=snapshot.record.source,
                 artifacts=tuple(artifacts),
-                model=read_model_info(snapshot.record.source, snapshot.file),
+                model=read_model_info(snapshot.record.source, snapshot.file, config),
                 created=provenance.now(),
             )
             snapshot.check_unchanged()  # a linked directory written to while it was read: nothing is published
@@ -148,7 +163,7 @@ def _make(store: LocalStore, snapshot: Snapshot, name: str, key: str, plan: list
 
 
 def _run_group(staging: Staging, snapshot: Snapshot, name: str, group: list[Planned], artifacts: list[Artifact],
-               *, copy: bool, progress: Progress) -> list[Artifact]:
+               *, copy: bool, progress: Progress, config: dict[str, Any] | None) -> list[Artifact]:
     """Convert one run of targets (several of one format share its directory) and ingest what each wrote."""
     conv = group[0][0]
     t0 = time.monotonic()
@@ -161,7 +176,8 @@ def _run_group(staging: Staging, snapshot: Snapshot, name: str, group: list[Plan
     requests = [ConversionRequest(
         source=snapshot.record.source,
         source_files=snapshot.file,
-        options=opts,
+        options=prepared.options,
+        files=prepared.files,
         workdir=workdir,
         progress=progress,
         place=place,
@@ -169,14 +185,16 @@ def _run_group(staging: Staging, snapshot: Snapshot, name: str, group: list[Plan
         artifact_digests={a.format: {f.path: f.sha256 for f in a.files} for a in artifacts},
         cache_dir=layout.caches_dir(staging.store.root),
         name=name,
-    ) for _, opts, _ in group]
+        config=config,
+    ) for _, prepared, _ in group]
     try:
         results = conv.convert_many(requests) if len(group) > 1 else [conv.convert(requests[0])]
     except OSError as e:  # a full disk while a converter writes is exit 7 for every format, as for copies
         atomic.raise_if_full(e, staging.path)
         raise
     made = []
-    for (_, opts, tools), result in zip(group, results, strict=True):
+    for (_, prepared, tools), result in zip(group, results, strict=True):
+        opts = prepared.options
         _refuse_failed(conv.format, opts, result, snapshot.record.source.repo)
         # Each artifact lists only the files its own converter wrote.
         others = {rel for r in results if r is not result for rel in r.known_digests}

@@ -16,12 +16,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json
                    "tokenizer_config.json", "special_tokens_map.json")
 
 
-def read_model_info(source: SourceInfo, file: Callable[[str], Path]) -> ModelInfo | None:
-    """ModelInfo from config.json / tokenizer_config.json when the source has them."""
+def read_model_info(source: SourceInfo, file: Callable[[str], Path],
+                    config: dict[str, Any] | None) -> ModelInfo | None:
+    """ModelInfo from config.json (as read, None when it is not a JSON object) and tokenizer_config.json when the
+    source has them."""
     paths = {f.path for f in source.files}
     if "config.json" not in paths:
         return None
-    config = _json(file("config.json"))
+    config = config or {}
     tok = _json(file("tokenizer_config.json")) if "tokenizer_config.json" in paths else {}
     nested = config.get("text_config")
     text: dict[str, Any] = nested if isinstance(nested, dict) else config

@@ -1,4 +1,4 @@
-"""Planning a conversion (pure): targets in order with what they need, options normalized, the key.
+"""Planning a conversion (pure): targets in order with what they need, options prepared once, the key.
 
 The key is a sha256 over everything the result depends on (source bytes, converters, options,
 tool versions): the same conversion run again finds its version instead of redoing the work.
@@ -6,17 +6,21 @@ tool versions): the same conversion run again finds its version instead of redoi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from manifests import SourceInfo
 from registry.convert import formats
-from registry.convert.protocol import Converter, Options, Target
+from registry.convert.protocol import Converter, Options, Prepared, Target, TargetOptions
 from registry.errors import UsageError
 
-#: A target as planned: its converter, normalized options and tool versions.
-Planned = tuple[Converter, Options, dict[str, str]]
+#: A target as planned: its converter, prepared options and tool versions.
+Planned = tuple[Converter, Prepared, dict[str, str]]
+#: A target in any form the API takes: `gguf:Q4_K_M`, `("gguf", {"spec": "Q4_K_M"})`, typed or prepared options.
+AnyTarget = str | Target | TargetOptions | Prepared
 
 
 def conversion_key(source: SourceInfo, targets: Sequence[tuple[str, str, str, Options, dict[str, str]]]) -> str:
@@ -31,37 +35,52 @@ def conversion_key(source: SourceInfo, targets: Sequence[tuple[str, str, str, Op
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def check_targets(targets: Sequence[Target]) -> None:
-    """Refuse unknown formats, bad options and a target given twice (cheap: no heavy import), before any download."""
-    refuse_repeats([(fmt, formats.get(fmt).options(raw)) for fmt, raw in targets])
+def typed(target: str | Target | TargetOptions) -> TargetOptions:
+    """A target as its converter's typed options: the string forms are parsed here, by the converter."""
+    if isinstance(target, str):
+        target = parse_target(target)
+    if isinstance(target, tuple):
+        fmt, raw = target
+        return formats.get(fmt).parse(raw)
+    return target
 
 
-def refuse_repeats(normalized: Sequence[Target]) -> None:
+def prepare(targets: Sequence[AnyTarget]) -> list[Prepared]:
+    """Every target's options checked and normalized, the files they name read once (prepared ones pass as they
+    are); an unknown format, bad options or a target given twice are refused, before any download."""
+    out = [t if isinstance(t, Prepared) else _prepare(typed(t)) for t in targets]
+    refuse_repeats(out)
+    return out
+
+
+def _prepare(options: TargetOptions) -> Prepared:
+    return formats.get(options.format).prepare(options)
+
+
+def refuse_repeats(prepared: Sequence[Prepared]) -> None:
     """A target given twice with the same normalized options (gguf:Q8_0 and gguf:q8_0) is a usage error."""
     seen: set[str] = set()
-    for fmt, options in normalized:
-        key = json.dumps([fmt, options], sort_keys=True)
+    for p in prepared:
+        key = json.dumps([p.format, p.options], sort_keys=True)
         if key in seen:
-            spec = ",".join(f"{k}={v}" for k, v in sorted(options.items()))
-            raise UsageError(f"--to {fmt} is given twice with the same options ({spec})", hint="give each target once")
+            spec = ",".join(f"{k}={v}" for k, v in sorted(p.options.items()))
+            raise UsageError(f"--to {p.format} is given twice with the same options ({spec})",
+                             hint="give each target once")
         seen.add(key)
 
 
-def with_prerequisites(targets: Sequence[Target], carried: set[str]) -> list[Planned]:
+def with_prerequisites(targets: Sequence[Prepared], carried: set[str]) -> list[Planned]:
     """Each target after the formats it needs (TensorRT needs ONNX), made first with default options
-    unless the version carries them or they are requested; every target's options normalized."""
-    requested = [fmt for fmt, _ in targets]
-    ordered: list[Target] = []
-    for fmt, raw in targets:
-        for need in formats.get(fmt).needs:
-            if need not in carried and need not in requested and need not in [f for f, _ in ordered]:
-                ordered.append((need, {}))
-        ordered.append((fmt, raw))
-    plan: list[Planned] = []
-    for fmt, raw in ordered:
-        conv = formats.get(fmt)
-        plan.append((conv, conv.options(raw), conv.tool_versions()))
-    refuse_repeats([(c.format, opts) for c, opts, _ in plan])
+    unless the version carries them or they are requested."""
+    requested = [t.format for t in targets]
+    ordered: list[Prepared] = []
+    for target in targets:
+        for need in formats.get(target.format).needs:
+            if need not in carried and need not in requested and need not in [t.format for t in ordered]:
+                ordered.append(_prepare(formats.get(need).parse({})))
+        ordered.append(target)
+    plan = [(formats.get(t.format), t, formats.get(t.format).tool_versions()) for t in ordered]
+    refuse_repeats([p for _, p, _ in plan])
     return plan
 
 
@@ -74,6 +93,19 @@ def with_spec_flags(targets: list[Target], fmt: str, tokens: Sequence[str],
         raise UsageError(f"{flags} go with --to {fmt}", hint=f"add --to {fmt}, or drop those options")
     return [(f, {"spec": ",".join(filter(None, [opts.get("spec", ""), *tokens]))} if f == fmt else opts)
             for f, opts in targets]
+
+
+def with_flags(targets: Sequence[TargetOptions], fmt: str, fields: Mapping[str, Any],
+               flags: str) -> list[TargetOptions]:
+    """Set what typed flags give on the options of every `--to fmt` target: a flag wins over the spec, a tuple
+    (gguf's budget) adds to it."""
+    if not fields:
+        return list(targets)
+    if not any(t.format == fmt for t in targets):
+        raise UsageError(f"{flags} go with --to {fmt}", hint=f"add --to {fmt}, or drop those options")
+    options: list[Any] = list(targets)  # the converters' frozen dataclasses
+    return [dataclasses.replace(t, **{k: (*getattr(t, k), *v) if isinstance(v, tuple) else v
+                                      for k, v in fields.items()}) if t.format == fmt else t for t in options]
 
 
 def parse_target(text: str) -> Target:

@@ -10,7 +10,7 @@ checks) is asked through `Converter`; the registry knows nothing format-specific
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -41,6 +41,15 @@ class ConversionRequest:
     name: str = ""
     #: A directory in the store where a converter may keep what speeds up rebuilds (never part of a version).
     cache_dir: Path | None = None
+    #: The files the options name (an importance matrix, a calibration text), by the sha256 the options record.
+    files: Mapping[str, Path] = field(default_factory=dict)
+    #: The source's config.json, read once for every reader (None: it has none, or it is not a JSON object).
+    config: dict[str, Any] | None = None
+
+    @property
+    def configs_read(self) -> dict[str, dict[str, Any]]:
+        """The configs already read, by label, for `registry.convert.configs.check_configs` to skip."""
+        return {"config.json": self.config} if self.config is not None else {}
 
     def link_source(self, directory: Path) -> Path:
         """Lay the source out under `directory` as the repository has it (symlinks to the cache's blobs).
@@ -68,10 +77,32 @@ class ConversionResult:
 
 #: A converter's normalized options: JSON values, part of the conversion key and of the manifest.
 Options = dict[str, Any]
-#: What `--to FMT[:SPEC]` gives a converter to normalize: `{"spec": SPEC}`, or nothing.
+#: What `--to FMT[:SPEC]` gives a converter to parse: `{"spec": SPEC}`, or nothing.
 RawOptions = dict[str, str]
-#: One requested target: a format and its raw options.
+#: One requested target in its string form: a format and its raw options.
 Target = tuple[str, RawOptions]
+
+
+class TargetOptions(Protocol):
+    """A converter's typed options for one target: a frozen dataclass its converter declares (`GGUFOptions`).
+
+    The CLI builds them from `--to FMT:SPEC` (the converter's `parse`) and its typed flags; the API takes them
+    as they are. Nothing is checked or read until the converter `prepare`s them, once per conversion.
+    """
+
+    format: ClassVar[str]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One target's options, checked and normalized once: what the key and the manifest record, and the files
+    they name (read and hashed then), which travel beside the key to the converter, never inside it."""
+
+    format: str
+    #: JSON values: part of the conversion key and of the manifest (digests of the files, never their paths).
+    options: Options
+    #: The files the options name, by the sha256 `options` records.
+    files: Mapping[str, Path] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -140,8 +171,14 @@ class Converter(Protocol):
     #: Whether `convert_many` makes several targets of this format in one pass over the source.
     converts_many: ClassVar[bool]
 
+    def parse(self, raw: RawOptions) -> TargetOptions:
+        """The string form (`--to FMT:SPEC`) as this converter's typed options; nothing is read yet."""
+
+    def prepare(self, options: TargetOptions) -> Prepared:
+        """Check and normalize typed options, reading (and hashing) the files they name once."""
+
     def options(self, raw: RawOptions) -> Options:
-        """Validate and normalize options; the result is part of the conversion key."""
+        """`--to FMT:SPEC`'s normalized options (what `prepare` records for what `parse` reads)."""
 
     def tool_versions(self) -> dict[str, str]:
         """Versions of the tools whose output this converter's result depends on."""
@@ -179,6 +216,18 @@ class ConverterBase:
     format: ClassVar[str]
     needs: ClassVar[tuple[str, ...]] = ()
     converts_many: ClassVar[bool] = False
+
+    def parse(self, raw: RawOptions) -> TargetOptions:
+        """Read by each converter."""
+        raise NotImplementedError
+
+    def prepare(self, options: TargetOptions) -> Prepared:
+        """Checked by each converter."""
+        raise NotImplementedError
+
+    def options(self, raw: RawOptions) -> Options:
+        """The string form's normalized options."""
+        return self.prepare(self.parse(raw)).options
 
     def convert(self, request: ConversionRequest) -> ConversionResult:
         """Write and verify one target (converters implement this or `convert_many`)."""

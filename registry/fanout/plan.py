@@ -18,7 +18,7 @@ from pathlib import Path
 
 from manifests import SourceInfo
 from registry.cache import describe_hub, local_source, pull
-from registry.convert.plan import check_targets, conversion_key, parse_target, with_prerequisites
+from registry.convert.plan import conversion_key, prepare, with_prerequisites
 from registry.errors import MregError, UsageError
 from registry.fanout.matrix import Item, Matrix
 from registry.store.protocol import Store
@@ -49,7 +49,7 @@ def check_items(matrix: Matrix) -> None:
         if item.need.kind == "gpu":
             continue  # its options are completed by the GPU it runs on (the local compute capability)
         try:
-            check_targets([parse_target(item.target)])
+            prepare([item.target])
         except MregError as e:
             raise UsageError(f"{matrix.path}: {item.where} {item.target!r}: {e}", hint=e.hint or "") from None
 
@@ -84,8 +84,8 @@ def describe(source: str, cache: Path, *, offline: bool, endpoint: str | None) -
 
 def item_key(source: SourceInfo, target: str) -> str:
     """The key `mreg convert SOURCE --to TARGET` computes for a new version (no parent)."""
-    planned = with_prerequisites([parse_target(target)], set())
-    return conversion_key(source, [(c.format, c.name, c.version, opts, tools) for c, opts, tools in planned])
+    planned = with_prerequisites(prepare([target]), set())
+    return conversion_key(source, [(c.format, c.name, c.version, p.options, tools) for c, p, tools in planned])
 
 
 def missing(planned: Sequence[PlannedItem]) -> list[PlannedItem]:
