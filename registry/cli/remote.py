@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -118,9 +118,17 @@ def stop_on_signals(output: Output) -> Iterator[threading.Event]:
         stop.set()
         output.warn(f"{signal.Signals(signum).name}: stopping after the chunk being sent (again to stop now)")
 
+    with _handling_signals(handler):
+        yield stop
+
+
+@contextlib.contextmanager
+def _handling_signals(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM go to `handler` inside the block; the handlers that were there before are put back after
+    it (a caller in the same process, a test runner, keeps its own)."""
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield stop
+        yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -212,7 +220,6 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
     if watch is None:
         return
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    api.watch(rs, name, local, alias=alias, every=watch, on_change=report, stop=stop,
-              on_error=lambda e: out.warn(f"{e} ({getattr(e, 'hint', '')})"), trust=trust)
+    with _handling_signals(lambda *_: stop.set()):
+        api.watch(rs, name, local, alias=alias, every=watch, on_change=report, stop=stop,
+                  on_error=lambda e: out.warn(f"{e} ({getattr(e, 'hint', '')})"), trust=trust)

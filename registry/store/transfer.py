@@ -311,13 +311,32 @@ def local_flip(local: LocalStore, name: str, alias: str, number: int) -> tuple[i
 def watch(remote: S3Store, name: str, alias: str, local: LocalStore, every: float,
           on_change: Callable[[SyncOutcome], None], stop: threading.Event,
           on_error: Callable[[Exception], None], trust: TrustPolicy | None = None) -> None:
-    """Follow a remote alias until `stop` is set; each change is synced and reported."""
+    """Follow a remote alias until `stop` is set; each change is synced and reported. A round whose alias records
+    are as the last synced round left them, with the local alias still where it put it, reads nothing more: no
+    manifest, no signature verified again, no blob."""
+    synced: tuple[str, int] | None = None
     while not stop.is_set():
         try:
-            out = sync(remote, name, alias, local, trust=trust)
-            if out.changed:
-                on_change(out)
+            now = head(remote, name, alias)
+            if synced is None or synced != (now, local.alias(name, alias)):
+                out = sync(remote, name, alias, local, trust=trust)
+                synced = (now, out.version)
+                if out.changed:
+                    on_change(out)
         # Reported; the next round retries (a refused version may be signed meanwhile).
         except (IntegrityError, NotFound, Conflict, StoreUnreachable, GateRefused) as e:
             on_error(e)
         stop.wait(every)
+
+
+def head(remote: S3Store, name: str, alias: str) -> str:
+    """What a sync of the alias depends on, read cheaply: its record's ETag and, while a rollout runs, the canary
+    alias's (a record rewritten, a step taken, a canary moved: another head)."""
+    rec, etag = remote.alias_record(name, alias)
+    if rec is None:
+        return ""
+    canary = layout.canary_alias(alias)
+    if rec.rollout is None or rec.rollout.state not in ("running", "paused") or len(canary) > 64 \
+            or alias.endswith(layout.CANARY_SUFFIX):
+        return etag or rec.manifest_sha256
+    return f"{etag or rec.manifest_sha256} {head(remote, name, canary)}"

@@ -519,3 +519,29 @@ def test_push_verify_remote_repairs_a_same_size_tampered_blob(mreg: Any, model_d
     again = mreg("push", "m@1", remote_url, "--verify-remote", "--json").json
     assert (again["uploaded_blobs"], again["repaired_blobs"], again["verified_remote"]) == (0, 0, True)
     assert again["reused"] is True and again["present_blobs"] == len(store.version("m", 1).manifest.artifacts[0].files)
+
+
+def test_watch_puts_back_the_signal_handlers_it_replaced(mreg: Any, model_dir: Path, remote_url: str,
+                                                         tmp_path: Path) -> None:
+    """`sync --watch` in-process (a test runner, a pipeline): once SIGTERM stops it, SIGINT and SIGTERM go where
+    they went before."""
+    _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    original = signal.signal(signal.SIGTERM, lambda *_: None)  # a handler of the caller's own, not the default
+    before[signal.SIGTERM] = signal.getsignal(signal.SIGTERM)
+
+    def stop_once_installed() -> None:
+        deadline = time.monotonic() + 30
+        while signal.getsignal(signal.SIGTERM) is before[signal.SIGTERM] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=stop_once_installed)
+    killer.start()
+    try:
+        r = mreg("sync", remote_url, "m", "--store", tmp_path / "node", "--watch", "0.05", "--json")
+        killer.join()
+        assert r.exit_code == 0, r.stderr
+        assert {s: signal.getsignal(s) for s in before} == before
+    finally:
+        signal.signal(signal.SIGTERM, original)
