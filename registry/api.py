@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.convert.protocol import Target
     from registry.fanout.matrix import Item, Matrix
     from registry.fanout.plan import PlannedItem
-    from registry.oci.transfer import OciPushOutcome, OciSyncOutcome
+    from registry.oci.transfer import OciPushOutcome
     from registry.release.aliases import AliasChange
     from registry.release.hooks import HookedPromotion
     from registry.release.probes import Probing
@@ -46,8 +46,9 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.store.local import LocalStore
     from registry.store.protocol import Store, Version
     from registry.store.s3 import S3Store
+    from registry.store.s3_transfer import PushOutcome
     from registry.store.signatures import SignatureResult
-    from registry.store.transfer import PushOutcome, SyncOutcome
+    from registry.store.transfer import SyncOutcome
     from registry.store.trust import TrustPolicy
     from registry.store.verify import VerifyReport
 
@@ -499,7 +500,7 @@ def push(store: LocalStore, version: str | Version, remote: S3Store, *,
          progress: Progress | None = None, verify_remote: bool = False) -> PushOutcome:
     """Copy a local version (a reference or a resolved `Version`) to an S3 store: only missing blobs, the
     manifest last (create-only); with `verify_remote`, remote blobs that fail their digest are sent again."""
-    from registry.store.transfer import push as run
+    from registry.store.s3_transfer import push as run
 
     v = store.resolve(parse_ref(version)) if isinstance(version, str) else version
     return run(store, v, remote, progress=progress, verify_remote=verify_remote)
@@ -509,20 +510,31 @@ def sync(remote: S3Store, name: str, store: LocalStore, *, alias: str = "product
          progress: Progress | None = None, trust: TrustPolicy | None = None) -> SyncOutcome:
     """Materialize the remote alias's version locally (every blob verified), then flip the local alias; with a
     trust policy, only a version one of whose signatures verifies against it (else `GateRefused`, nothing done)."""
+    from registry.store.s3_transfer import S3Source
     from registry.store.transfer import sync as run
 
     check_name(name)
     check_alias(alias)
-    return run(remote, name, alias, store, progress=progress, trust=trust)
+    return run(S3Source(remote, name, alias), store, alias, progress=progress, trust=_by_name(trust))
 
 
 def watch(remote: S3Store, name: str, store: LocalStore, *, alias: str, every: float,
           on_change: Callable[[SyncOutcome], None], stop: threading.Event,
           on_error: Callable[[Exception], None], trust: TrustPolicy | None = None) -> None:
-    """Keep syncing an alias every `every` seconds until `stop` is set (each round under the trust policy)."""
+    """Keep syncing an alias every `every` seconds until `stop` is set (each round under the trust policy); a round
+    that finds the alias as the last one left it reads nothing more."""
+    from registry.store.s3_transfer import S3Source
     from registry.store.transfer import watch as run
 
-    run(remote, name, alias, store, every, on_change, stop, on_error, trust)
+    run(S3Source(remote, name, alias), store, alias, every, on_change, stop, on_error, _by_name(trust))
+
+
+def _by_name(trust: TrustPolicy | Callable[[str], TrustPolicy] | None) -> Callable[[str], TrustPolicy] | None:
+    """A trust policy as a sync takes it: by the model's name (which an OCI artifact tells only once read)."""
+    if trust is None or callable(trust):
+        return trust
+    policy = trust
+    return lambda _name: policy
 
 
 def check(store: LocalStore, ref: str, golden: str | Path, *, fmt: str | None = None, min_hit_rate: float = 1.0,
@@ -576,7 +588,7 @@ def oci_push(store: LocalStore, version: str | Version, destination: str, *, for
 
 def oci_sync(source: str, store: LocalStore, *, alias: str = "production", name: str | None = None,
              insecure: bool = False, progress: Progress | None = None,
-             trust: TrustPolicy | Callable[[str], TrustPolicy] | None = None) -> OciSyncOutcome:
+             trust: TrustPolicy | Callable[[str], TrustPolicy] | None = None) -> SyncOutcome:
     """Materialize the version an OCI artifact carries in the local store (every layer verified), then flip
     the local alias to it; its signature records (referrers of the artifact) are kept beside it.
 
@@ -584,15 +596,15 @@ def oci_sync(source: str, store: LocalStore, *, alias: str = "production", name:
     (`lambda n: trust_policy(settings, n)`). Under a policy that is not empty, only a version one of whose
     signatures verifies is synced (else `GateRefused`, before any layer is downloaded)."""
     from registry.oci import reference, transfer
+    from registry.store.transfer import sync as run
 
     check_alias(alias)
     if name is not None:
         check_name(name)
     ref = reference.parse(source)
     target = transfer.open_target(ref, insecure=insecure)
-    policy_of = trust if callable(trust) or trust is None else (lambda _name, p=trust: p)
-    return transfer.sync(target, ref.digest or ref.tag, store, alias=alias, name=name, progress=progress,
-                         trust=policy_of)
+    return run(transfer.OciSource(target, ref.digest or ref.tag, name), store, alias, progress=progress,
+               trust=_by_name(trust))
 
 
 def trust_policy(settings: config.Settings, name: str) -> TrustPolicy:

@@ -24,12 +24,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from manifests import HistoryEntry, Manifest
+from manifests import Manifest
 from registry import layout
 from registry.cache.imported import IncomingFile, import_files
 from registry.cache.plan import unsafe_reason
 from registry.cache.records import Snapshot
-from registry.digest import write_hashed
 from registry.errors import Conflict, IntegrityError, NotFound, UsageError
 from registry.incoming import sized
 from registry.oci import media, uploads
@@ -46,8 +45,7 @@ from registry.oci.unpack import ImageReader
 from registry.progress import NoProgress, Progress
 from registry.store.local import LocalStore
 from registry.store.protocol import Version
-from registry.store.signatures import write_record
-from registry.store.trust import TrustPolicy
+from registry.store.transfer import Offer, Trust
 
 #: The mreg manifest layer is small; a larger one is not ours.
 MAX_MREG_MANIFEST = 16 << 20
@@ -295,99 +293,52 @@ def pull(cache: Path, ref: OciRef | LayoutRef, target: Target, *, include: Seque
 # -- sync into a local store ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class OciSyncOutcome:
-    """What a sync did."""
+class OciSource:
+    """An artifact as a sync reads it (`registry.store.transfer.sync`): the manifest (its digest checked against the
+    reference when it is one) → the mreg manifest layer → the signature referrers → the layers, one at a time."""
 
-    name: str
-    version: int
-    digest: str
-    changed: bool
-    downloaded_blobs: int
-    downloaded_bytes: int
-    entry: HistoryEntry | None = None
-    #: Signature records kept beside the local version (with a trust policy: the valid ones).
-    signatures: int = 0
+    aliases = False  # a tag is a name, not an alias: no rollout to follow
+    workers = 1
+    repair_hint = "push the version again from a good store"
 
+    def __init__(self, target: Target, reference: str | None, name: str | None = None) -> None:
+        self.target, self.reference, self.name = target, reference, name
+        self.location = target.location
 
-def sync(target: Target, reference: str | None, local: LocalStore, *, alias: str, name: str | None = None,
-         progress: Progress | None = None, trust: Callable[[str], TrustPolicy] | None = None) -> OciSyncOutcome:
-    """Materialize the mreg version an artifact carries in the local store (same number), then flip `alias`.
+    def head(self) -> str:
+        """The digest of the manifest the reference names now."""
+        got = self.target.get_manifest(self.reference or "")
+        return got.digest if got is not None else ""
 
-    `trust` gives the policy of the model the artifact names: where it is not empty, the version's signature
-    referrers must hold one that verifies (GateRefused before any layer is fetched otherwise)."""
-    from registry.store.transfer import local_flip
+    def offer(self, trust: Trust | None) -> Offer:
+        """The mreg version the artifact carries, every file among its layers; the signature referrers that verify
+        under the model's trust policy (all of them without one)."""
+        target, reference = self.target, self.reference
+        art = read_artifact(target, reference)
+        if art.mreg is None:
+            raise UsageError(f"{target.location}:{reference} carries no mreg manifest, so it is not a version to "
+                             "sync", hint="pull it into the cache and convert it: `mreg convert oci://… --to hf "
+                                          "--name NAME`")
+        manifest, raw = art.mreg
+        if self.name is not None and self.name != manifest.name:
+            raise Conflict(f"{target.location}:{reference} holds {manifest.name}@{manifest.version}, not {self.name}",
+                           hint=f"sync it as {manifest.name}, or give the tag of {self.name}")
+        by_digest = {layer.digest.split(":", 1)[1]: layer for layer in art.layers}
+        for a in manifest.artifacts:
+            for f in a.files:
+                layer = by_digest.get(f.sha256)
+                if layer is None or layer.size != f.size:
+                    raise _hostile(f"{target.location}:{reference}", f"{a.path}/{f.path} is not among the layers")
+        version = Version(manifest.name, manifest.version, manifest, hashlib.sha256(raw).hexdigest(),
+                          f"{target.location}@{art.manifest.digest}")
+        keep = admitted(read_signatures(target, art.manifest.digest, version), version,
+                        trust(manifest.name) if trust is not None else None, f"{target.location}:{reference or ''}")
+        return Offer(version, raw, art.manifest.digest, tuple(keep))
 
-    progress = progress or NoProgress()
-    art = read_artifact(target, reference)
-    if art.mreg is None:
-        raise UsageError(f"{target.location}:{reference} carries no mreg manifest, so it is not a version to sync",
-                         hint="pull it into the cache and convert it: `mreg convert oci://… --to hf --name NAME`")
-    manifest, raw = art.mreg
-    if name is not None and name != manifest.name:
-        raise Conflict(f"{target.location}:{reference} holds {manifest.name}@{manifest.version}, not {name}",
-                       hint=f"sync it as {manifest.name}, or give the tag of {name}")
-    by_digest = {layer.digest.split(":", 1)[1]: layer for layer in art.layers}
-    for a in manifest.artifacts:
-        for f in a.files:
-            layer = by_digest.get(f.sha256)
-            if layer is None or layer.size != f.size:
-                raise _hostile(f"{target.location}:{reference}", f"{a.path}/{f.path} is not among the layers")
-    wanted = hashlib.sha256(raw).hexdigest()
-    version = Version(manifest.name, manifest.version, manifest, wanted, f"{target.location}@{art.manifest.digest}")
-    keep = admitted(read_signatures(target, art.manifest.digest, version), version,
-                    trust(manifest.name) if trust is not None else None, f"{target.location}:{reference or ''}")
-    have = _local_digest(local, manifest.name, manifest.version)
-    downloaded = (0, 0)
-    if have is None:
-        downloaded = _materialize(target, local, manifest, raw, progress)
-    elif have != wanted:
-        raise Conflict(f"the local store already has a different {manifest.name}@{manifest.version}",
-                       hint="sync into a store used only for syncing from this registry")
-    for rec in keep:
-        write_record(local, rec)
-    _, entry = local_flip(local, manifest.name, alias, manifest.version)
-    return OciSyncOutcome(manifest.name, manifest.version, art.manifest.digest, entry is not None, *downloaded,
-                          entry=entry, signatures=len(keep))
+    def open_blob(self, sha256: str) -> Iterator[bytes]:
+        """A layer's bytes; NotFound when the target has none."""
+        return self.target.open_blob(f"sha256:{sha256}")
 
-
-def _local_digest(local: LocalStore, name: str, number: int) -> str | None:
-    try:
-        return local.version(name, number).manifest_sha256
-    except NotFound:
-        return None
-
-
-def _materialize(target: Target, local: LocalStore, manifest: Manifest, raw: bytes,
-                 progress: Progress) -> tuple[int, int]:
-    """Download what the store lacks into a staging tree, verified, then publish under the same number."""
-    with local.writers():
-        staging = local.stage(manifest.name)
-        try:
-            wanted: dict[str, list[Path]] = {}
-            sizes: dict[str, int] = {}
-            for a in manifest.artifacts:
-                for f in a.files:
-                    wanted.setdefault(f.sha256, []).append(staging.path / a.path / f.path)
-                    sizes[f.sha256] = f.size
-            missing = [d for d in wanted if not layout.blob_path(local.root, d).exists()]
-            progress.start(f"syncing {manifest.name}@{manifest.version}", sum(sizes[d] for d in missing))
-            for d in missing:
-                first = wanted[d][0]
-                first.parent.mkdir(parents=True, exist_ok=True)
-                actual = write_hashed(first, sized(target.open_blob(f"sha256:{d}"), sizes[d],
-                                                   f"{target.location}: layer sha256:{d[:12]}…",
-                                                   hint="push the version again from a good store"),
-                                      progress.advance)
-                if actual != d:
-                    raise IntegrityError(f"{target.location}: layer sha256:{d[:12]}… is corrupt (its bytes hash to "
-                                         f"{actual[:12]}…); nothing was published locally",
-                                         hint="push the version again from a good store")
-            progress.done()
-            local.place_blobs(wanted)
-            local.publish_exact(staging, raw, manifest.version)
-        except BaseException:
-            staging.discard()
-            raise
-    return len(missing), sum(sizes[d] for d in missing)
-
+    def blob_label(self, sha256: str) -> str:
+        """`layer sha256:ab12…`."""
+        return f"layer sha256:{sha256[:12]}…"

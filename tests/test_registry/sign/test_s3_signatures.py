@@ -120,7 +120,7 @@ def test_a_watch_round_with_the_alias_unchanged_downloads_and_verifies_nothing(
 
     from registry import api
     from registry.release import aliases
-    from registry.store import transfer
+    from registry.store import s3_transfer
     from registry.store.bucket import Bucket
     from registry.store.local import LocalStore
     from registry.store.s3 import S3Store
@@ -139,7 +139,7 @@ def test_a_watch_round_with_the_alias_unchanged_downloads_and_verifies_nothing(
 
     judged: list[str] = []
     fetched: list[str] = []  # every GET or LIST but the alias records' (what a round reads to know it is unchanged)
-    real_judge, real_get, real_list = transfer.judge, Bucket._get_object, Bucket.list_objects
+    real_judge, real_get, real_list = s3_transfer.judge, Bucket._get_object, Bucket.list_objects
 
     def judge(*args: Any, **kwargs: Any) -> Any:
         judged.append(args[0].signer)
@@ -154,7 +154,7 @@ def test_a_watch_round_with_the_alias_unchanged_downloads_and_verifies_nothing(
         fetched.append(prefix)
         return real_list(self, prefix, **kwargs)
 
-    monkeypatch.setattr(transfer, "judge", judge)
+    monkeypatch.setattr(s3_transfer, "judge", judge)
     monkeypatch.setattr(Bucket, "_get_object", get_object)
     monkeypatch.setattr(Bucket, "list_objects", list_objects)
     rs, node = S3Store(remote), LocalStore(tmp_path / "node")

@@ -27,7 +27,8 @@ from support.tiny_models import write_random_safetensors
 from registry import layout
 from registry.store.local import LocalStore
 from registry.store.s3 import S3Store
-from registry.store.transfer import push, sync
+from registry.store.s3_transfer import S3Source, push
+from registry.store.transfer import sync
 
 BUCKET = "mreg-test"
 TESTS = Path(__file__).resolve().parents[2]
@@ -351,8 +352,8 @@ def test_sync_is_idempotent_and_local_only_commands_refuse_s3(mreg: Any, model_d
                                                              tmp_path: Path) -> None:
     _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
     node = LocalStore(tmp_path / "node")
-    first = sync(S3Store(remote_url), "m", "production", node)
-    again = sync(S3Store(remote_url), "m", "production", node)
+    first = sync(S3Source(S3Store(remote_url), "m", "production"), node, "production")
+    again = sync(S3Source(S3Store(remote_url), "m", "production"), node, "production")
     assert first.changed and first.downloaded_blobs == 2 and not again.changed and again.downloaded_bytes == 0
     assert (node.root / "models/m/production/hf/config.json").read_text() == '{"i": 0}'
     r = mreg("mount-check", "m", "--store", remote_url)
@@ -447,8 +448,8 @@ def test_watch_reports_an_unreachable_store_and_keeps_following(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(remote, "sync", flaky)
-    remote.watch(S3Store(remote_url), "m", "production", LocalStore(tmp_path / "node"), 0.01,
-                 changes.append, stop, errors.append)
+    remote.watch(S3Source(S3Store(remote_url), "m", "production"), LocalStore(tmp_path / "node"), "production",
+                 0.01, changes.append, stop, errors.append)
     assert [type(e).__name__ for e in errors] == ["StoreUnreachable"] and len(rounds) == 2
     assert [c.version for c in changes] == [1]
 
