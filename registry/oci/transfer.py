@@ -1,4 +1,4 @@
-"""Push a version to an OCI target, pull an artifact into the cache, sync one into a local store.
+"""Push a version to an OCI target, pull an artifact into the cache, offer one to the sync (`OciSource`).
 
 Push: pack (pure) → the tag's current manifest (a different digest refused unless forced) →
 HEAD every blob, upload only the missing ones (streamed; chunked when large) → PUT the manifest
@@ -10,7 +10,8 @@ Pull and sync: the manifest (its digest checked against the reference when it is
 signature referrers, judged against the trust policy of the model the mreg manifest layer names,
 before any other layer is fetched → every layer streamed, hashed while written, compared with its
 descriptor → only then the snapshot (cache) or the version (store) appears, then the signature
-records beside it, and the local alias flips last. A pull ignores signatures.
+records beside it, and the local alias flips last (the store's side is the one sync,
+`registry.store.transfer`). A pull ignores signatures.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from registry.oci.unpack import ImageReader
 from registry.progress import NoProgress, Progress
 from registry.store.local import LocalStore
 from registry.store.protocol import Version
-from registry.store.transfer import Offer, Trust
+from registry.store.transfer import Offer, PushOutcome, Trust
 
 #: The mreg manifest layer is small; a larger one is not ours.
 MAX_MREG_MANIFEST = 16 << 20
@@ -75,25 +76,8 @@ def close_target(target: Target) -> None:
         close()
 
 
-@dataclass(frozen=True)
-class OciPushOutcome:
-    """What a push did."""
-
-    digest: str
-    tag: str
-    reused: bool
-    uploaded_blobs: int
-    uploaded_bytes: int
-    present_blobs: int
-    replaced: str | None = None
-    #: Bytes of `uploaded_bytes`' blobs not sent again: the registry had them from an interrupted upload.
-    resumed_bytes: int = 0
-    #: Signature records sent as referrers (those already listed are not counted).
-    signatures: int = 0
-
-
 def push(store: LocalStore, version: Version, target: Target, tag: str, *, force: bool = False,
-         progress: Progress | None = None, as_image: bool = False, base: BaseImage | None = None) -> OciPushOutcome:
+         progress: Progress | None = None, as_image: bool = False, base: BaseImage | None = None) -> PushOutcome:
     """Publish a version under `tag` (as a ModelPack artifact, or a regular image, over `base` when given): missing
     blobs first, the manifest last."""
     progress = progress or NoProgress()
@@ -107,8 +91,8 @@ def push(store: LocalStore, version: Version, target: Target, tag: str, *, force
         _send_small(store, target, b, lambda _n: None)
 
     if current is not None and current.digest == packed.digest:
-        return OciPushOutcome(packed.digest, tag, True, 0, 0, len(packed.blobs),
-                              signatures=push_signatures(records, target, packed.manifest, send))
+        return PushOutcome(version, packed.digest, True, 0, 0, len(packed.blobs), tag=tag,
+                           signatures=push_signatures(records, target, packed.manifest, send))
     if current is not None and not force:
         raise Conflict(f"{target.location}:{tag} already names {current.digest[:19]}…, not this version "
                        f"({packed.digest[:19]}…)",
@@ -132,8 +116,9 @@ def push(store: LocalStore, version: Version, target: Target, tag: str, *, force
         if isinstance(target, RegistryTarget) and target.sessions is not None:
             target.sessions.clear()  # every blob is there now: what is left of this target is stale
     sent = push_signatures(records, target, packed.manifest, send)
-    return OciPushOutcome(packed.digest, tag, False, len(missing), sum(b.size for b in missing) - resumed,
-                          len(packed.blobs) - len(missing), current.digest if current else None, resumed, sent)
+    return PushOutcome(version, packed.digest, False, len(missing), sum(b.size for b in missing) - resumed,
+                       len(packed.blobs) - len(missing), signatures=sent, tag=tag,
+                       replaced=current.digest if current else None, resumed_bytes=resumed)
 
 
 def _send_small(store: LocalStore, target: Target, b: Blob, advance: Callable[[int], None]) -> int:

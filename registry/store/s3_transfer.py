@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from manifests import AliasRecord, Manifest
 from registry import layout
@@ -29,29 +28,10 @@ from registry.store.parallel import parallel
 from registry.store.protocol import Version
 from registry.store.s3 import S3Store
 from registry.store.signatures import judge, record_bytes, record_name, signature_problems
-from registry.store.transfer import Offer, Trust, canary_of
+from registry.store.transfer import Offer, PushOutcome, Trust, canary_of
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_SIZE = 32 << 20
-
-
-@dataclass(frozen=True)
-class PushOutcome:
-    """What a push did."""
-
-    version: Version
-    reused: bool
-    uploaded_blobs: int
-    uploaded_bytes: int
-    present_blobs: int
-    #: Remote blobs of the right size whose content failed its digest, uploaded again (with verify_remote).
-    repaired_blobs: int = 0
-    #: Whether every remote blob already there was downloaded and hashed.
-    verified_remote: bool = False
-    #: Signature records sent (records already there are not counted).
-    signatures: int = 0
-    #: Local signatures left behind: the remote version has another number, so other manifest bytes.
-    signatures_left: int = 0
 
 
 def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Progress | None = None,
@@ -95,8 +75,9 @@ def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Prog
     finally:
         remote.delete(lease)
     sent, left = _push_signatures(local, version, remote, published)
-    return PushOutcome(published, existing is not None, len(missing), sum(files[d] for d in missing),
-                       len(files) - len(missing), len(damaged), verify_remote, sent, left)
+    return PushOutcome(published, published.manifest_sha256, existing is not None, len(missing),
+                       sum(files[d] for d in missing), len(files) - len(missing), signatures=sent,
+                       repaired_blobs=len(damaged), verified_remote=verify_remote, signatures_left=left)
 
 
 def _push_signatures(local: LocalStore, version: Version, remote: S3Store, published: Version) -> tuple[int, int]:

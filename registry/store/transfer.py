@@ -1,4 +1,5 @@
-"""One transfer core: a version from a source (an S3 store's alias, an OCI artifact) into the local store.
+"""One transfer core: a version from a source (an S3 store's alias, an OCI artifact) into the local store; what a
+push to either did.
 
 Sync: the source's offer (its manifest checked against where it was read from; with a trust policy,
 the version's signatures judged against it: none valid, refused, nothing downloaded) → have it
@@ -32,6 +33,34 @@ from registry.store.parallel import parallel
 from registry.store.protocol import Version
 from registry.store.signatures import write_record
 from registry.store.trust import TrustPolicy
+
+
+@dataclass(frozen=True)
+class PushOutcome:
+    """What a push did, to S3 or to OCI."""
+
+    #: The version pushed (to S3: as the remote numbered it).
+    version: Version
+    #: What names it there: its manifest's sha256 (S3), its OCI manifest's digest (OCI).
+    digest: str
+    reused: bool
+    uploaded_blobs: int
+    uploaded_bytes: int
+    present_blobs: int
+    #: Signature records sent (records already there are not counted).
+    signatures: int = 0
+    #: S3: remote blobs of the right size whose content failed its digest, uploaded again (with verify_remote).
+    repaired_blobs: int = 0
+    #: S3: whether every remote blob already there was downloaded and hashed.
+    verified_remote: bool = False
+    #: S3: local signatures left behind: the remote version has another number, so other manifest bytes.
+    signatures_left: int = 0
+    #: OCI: the tag the manifest was put under, and the digest it named before when the push moved it.
+    tag: str | None = None
+    replaced: str | None = None
+    #: OCI: bytes of `uploaded_bytes`' blobs not sent again: the registry had them from an interrupted upload.
+    resumed_bytes: int = 0
+
 
 #: The trust policy of a model, by its name (a sync from OCI learns the name from the artifact).
 Trust = Callable[[str], TrustPolicy]

@@ -175,7 +175,7 @@ def test_a_watch_round_with_the_alias_unchanged_downloads_and_verifies_nothing(
 
     changes: list[int] = []
     errors: list[Exception] = []
-    api.watch(rs, "m", node, alias="production", every=0, on_change=lambda o: changes.append(o.version),
+    api.watch(node, rs, "m", alias="production", every=0, on_change=lambda o: changes.append(o.version),
               stop=Rounds(), on_error=errors.append, trust=trust)
     assert errors == [] and changes == [1, 2] and node.alias("m", "production") == 2
     (j1, f1), (j2, f2), (j3, f3) = rounds

@@ -546,3 +546,37 @@ def test_watch_puts_back_the_signal_handlers_it_replaced(mreg: Any, model_dir: P
         assert {s: signal.getsignal(s) for s in before} == before
     finally:
         signal.signal(signal.SIGTERM, original)
+
+
+def test_push_and_sync_take_one_shape_for_every_remote(mreg: Any, model_dir: Path, remote_url: str,
+                                                       store_root: Path, tmp_path: Path) -> None:
+    """`api.push(store, version, remote)` and `api.sync(store, remote, name)` with the remote as a string, parsed
+    by `api.open_remote`; an option of the other kind of remote is refused before anything moves."""
+    from registry import api
+    from registry.errors import UsageError
+
+    _versions(mreg, model_dir, "m", 1)
+    local = api.open_local_store(store_root)
+    for bad in ({"as_image": True}, {"force": True}, {"base": "oci-layout:/x"}, {"chunk": 1 << 20}):
+        with pytest.raises(UsageError, match="for OCI destinations"):
+            api.push(local, "m@1", remote_url, **bad)
+    assert S3Store(remote_url).versions("m") == [], "nothing was pushed"
+    with pytest.raises(UsageError, match="for S3 stores"):
+        api.push(local, "m@1", f"oci-layout:{tmp_path / 'layout'}:1", verify_remote=True)
+    with pytest.raises(UsageError, match="not a remote"):
+        api.open_remote("ftp://host/models")
+    pushed = api.push(local, "m@1", remote_url)
+    assert (pushed.version.number, pushed.uploaded_blobs, pushed.tag) == (1, 2, None)
+    assert pushed.digest == pushed.version.manifest_sha256
+    api.promote(S3Store(remote_url), "m@1")
+    node = api.open_local_store(tmp_path / "node")
+    with pytest.raises(UsageError, match="NAME is required"):
+        api.sync(node, remote_url)
+    synced = api.sync(node, remote_url, "m")
+    assert (synced.name, synced.version, synced.changed, synced.digest) == ("m", 1, True, pushed.digest)
+    laid = api.push(local, "m@1", f"oci-layout:{tmp_path / 'layout'}:v1")
+    assert laid.tag == "v1" and laid.digest.startswith("sha256:") and laid.uploaded_blobs > 0
+    other = api.open_local_store(tmp_path / "other")
+    from_layout = api.sync(other, f"oci-layout:{tmp_path / 'layout'}:v1", alias="stable")
+    assert (from_layout.name, from_layout.version, from_layout.digest) == ("m", 1, laid.digest)
+    assert other.alias("m", "stable") == 1
