@@ -198,7 +198,8 @@ def bench_s3(work: Path, results: dict[str, Any]) -> None:
     from support.s3_server import SeaweedS3
 
     from registry.store.s3 import S3Store
-    from registry.store.transfer import push, sync
+    from registry.store.s3_transfer import S3Source, push
+    from registry.store.transfer import sync
 
     src = build_padded_model(work / "src-s3", 2 * 10**9)
     store = LocalStore(work / "store-s3")
@@ -234,7 +235,7 @@ def bench_s3(work: Path, results: dict[str, Any]) -> None:
 
         aliases.promote(remote, "big", remote.version("big", 1))
         node = LocalStore(work / "node")
-        t_sync = timed(lambda: sync(remote, "big", "production", node))
+        t_sync = timed(lambda: sync(S3Source(remote, "big", "production"), node, "production"))
         t_s5_down = sh(BIN / "s5cmd", "--endpoint-url", server.endpoint, "cp", "s3://bench/s5cmd0/*",
                        f"{work / 's5-down'}/", env=env)
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.convert.protocol import Prepared
     from registry.fanout.matrix import Item, Matrix
     from registry.fanout.plan import PlannedItem
-    from registry.oci.transfer import OciPushOutcome, OciSyncOutcome
+    from registry.oci.reference import LayoutRef, OciRef
     from registry.release.aliases import AliasChange
     from registry.release.hooks import HookedPromotion
     from registry.release.probes import Probing
@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.store.protocol import Store, Version
     from registry.store.s3 import S3Store
     from registry.store.signatures import SignatureResult
-    from registry.store.transfer import PushOutcome, SyncOutcome
+    from registry.store.transfer import PushOutcome, Source, SyncOutcome
     from registry.store.trust import TrustPolicy
     from registry.store.verify import VerifyReport
 
@@ -599,65 +599,67 @@ def gc(store: Store, *, keep_history: int = 10, keep_latest: int = 3, grace_hour
                    apply=apply)
 
 
-def push(store: LocalStore, version: str | Version, remote: S3Store, *,
-         progress: Progress | None = None, verify_remote: bool = False) -> PushOutcome:
-    """Copy a local version (a reference or a resolved `Version`) to an S3 store: only missing blobs, the
-    manifest last (create-only); with `verify_remote`, remote blobs that fail their digest are sent again."""
-    from registry.store.transfer import push as run
+def open_remote(location: str | S3Store, *, endpoint_url: str | None = None) -> S3Store | OciRef | LayoutRef:
+    """Where a push goes or a sync reads from, parsed in one place: `s3://BUCKET/PREFIX` (an S3 store; endpoint:
+    `endpoint_url`, else $AWS_ENDPOINT_URL), `oci://HOST/REPO[:TAG|@DIGEST]`, `oci-layout:DIR[:TAG]` or
+    `oci-archive:FILE.tar[:TAG]`; an S3 store already open passes through."""
+    from registry.oci import reference
+
+    if not isinstance(location, str):
+        return location
+    if reference.is_oci(location):
+        return reference.parse(location)
+    if location.startswith("s3://"):
+        return open_s3_store(location, endpoint_url=endpoint_url)
+    raise UsageError(f"{location} is not a remote",
+                     hint="give s3://BUCKET/PREFIX, oci://HOST/REPO[:TAG], oci-layout:DIR[:TAG] or "
+                          "oci-archive:FILE.tar[:TAG]")
+
+
+def push(store: LocalStore, version: str | Version, remote: str | S3Store, *, progress: Progress | None = None,
+         endpoint_url: str | None = None, verify_remote: bool = False, force: bool = False, insecure: bool = False,
+         chunk: int | None = None, as_image: bool = False, base: str | None = None,
+         stop: threading.Event | None = None) -> PushOutcome:
+    """Copy a local version (a reference or a resolved `Version`) to a remote (`open_remote`): only the blobs it
+    lacks, the manifest last.
+
+    To S3 the manifest is written create-only, which gives the version its number there; with `verify_remote`,
+    remote blobs that fail their digest are sent again. To OCI the version becomes a ModelPack artifact, or with
+    `as_image` a regular image, over the image `base` when given (tag `N`, or `N-image` for an image, by default);
+    a tag naming another digest is refused unless `force`. A chunked upload (`chunk` bytes) a killed push left is
+    resumed (sessions under the store's tmp/, `registry.oci.uploads`); with `stop` set (the CLI sets it on
+    SIGINT/SIGTERM) a push to a registry ends at the next chunk boundary, resumable (`Interrupted`). `insecure`:
+    plain HTTP to a loopback registry. An option for the other kind of remote is a UsageError."""
+    from registry.oci import reference
 
     v = store.resolve(parse_ref(version)) if isinstance(version, str) else version
-    return run(store, v, remote, progress=progress, verify_remote=verify_remote)
+    where = open_remote(remote, endpoint_url=endpoint_url)
+    if isinstance(where, (reference.OciRef, reference.LayoutRef)):
+        if verify_remote:
+            raise UsageError("--verify-remote is for S3 stores", hint="a registry checks each blob's digest itself")
+        return _push_oci(store, v, where, force=force, insecure=insecure, progress=progress, chunk=chunk,
+                         as_image=as_image, base=base, stop=stop)
+    from registry.store.s3_transfer import push as run
+
+    given = [flag for flag, on in (("--force", force), ("--chunk", chunk is not None), ("--as-image", as_image),
+                                   ("--base", base is not None)) if on]
+    if given:
+        raise UsageError(f"{', '.join(given)}: for OCI destinations (oci://, oci-layout:, oci-archive:), not "
+                         f"{where.location}", hint="an S3 push numbers the version there; it has no tag to move")
+    return run(store, v, where, progress=progress, verify_remote=verify_remote)
 
 
-def sync(remote: S3Store, name: str, store: LocalStore, *, alias: str = "production",
-         progress: Progress | None = None, trust: TrustPolicy | None = None) -> SyncOutcome:
-    """Materialize the remote alias's version locally (every blob verified), then flip the local alias; with a
-    trust policy, only a version one of whose signatures verifies against it (else `GateRefused`, nothing done)."""
-    from registry.store.transfer import sync as run
-
-    check_name(name)
-    check_alias(alias)
-    return run(remote, name, alias, store, progress=progress, trust=trust)
-
-
-def watch(remote: S3Store, name: str, store: LocalStore, *, alias: str, every: float,
-          on_change: Callable[[SyncOutcome], None], stop: threading.Event,
-          on_error: Callable[[Exception], None], trust: TrustPolicy | None = None) -> None:
-    """Keep syncing an alias every `every` seconds until `stop` is set (each round under the trust policy)."""
-    from registry.store.transfer import watch as run
-
-    run(remote, name, alias, store, every, on_change, stop, on_error, trust)
-
-
-def check(store: LocalStore, ref: str, golden: str | Path, *, fmt: str | None = None, min_hit_rate: float = 1.0,
-          record_baseline: bool = False) -> CheckRecord:
-    """Run a golden set through a version's artifact and keep the record (promotion gates read it)."""
-    from registry.release.check import load_golden, run_check
-
-    v = store.resolve(parse_ref(ref))
-    return run_check(store, v, load_golden(Path(golden)), fmt=fmt, min_keyword_hit_rate=min_hit_rate,
-                     record_baseline=record_baseline)
-
-
-def oci_push(store: LocalStore, version: str | Version, destination: str, *, force: bool = False,
-             insecure: bool = False, progress: Progress | None = None,
-             chunk: int | None = None, as_image: bool = False, base: str | None = None,
-             stop: threading.Event | None = None) -> OciPushOutcome:
-    """Publish a local version to `oci://HOST/REPO[:TAG]`, `oci-layout:DIR[:TAG]` or `oci-archive:FILE.tar[:TAG]` as
-    a ModelPack artifact, or with `as_image` as a regular image, over the image `base` when given (tag `N`, or
-    `N-image` for an image, by default); a tag naming another digest is refused unless `force`. A chunked upload
-    a killed push left is resumed (sessions under the store's tmp/, `registry.oci.uploads`); with `stop` set (the
-    CLI sets it on SIGINT/SIGTERM) a push to a registry ends at the next chunk boundary, resumable (`Interrupted`)."""
+def _push_oci(store: LocalStore, v: Version, ref: OciRef | LayoutRef, *, force: bool, insecure: bool,
+              progress: Progress | None, chunk: int | None, as_image: bool, base: str | None,
+              stop: threading.Event | None) -> PushOutcome:
     from registry import layout
     from registry.oci import reference, transfer
     from registry.oci.base import read_base
 
-    v = store.resolve(parse_ref(version)) if isinstance(version, str) else version
     if base is not None and not as_image:
         raise UsageError("--base is for --as-image", hint="add --as-image, or drop --base")
-    ref = reference.parse(destination)
     if ref.digest:
-        raise UsageError(f"push to a tag, not a digest: {destination}", hint="e.g. oci://HOST/REPO:v1")
+        raise UsageError(f"push to a tag, not a digest: {ref}", hint="e.g. oci://HOST/REPO:v1")
     base_ref = reference.parse(base) if base is not None else None
     loopback = isinstance(base_ref, reference.OciRef) and base_ref.is_loopback  # --insecure is for loopback only
     below = transfer.open_target(base_ref, insecure=insecure and loopback, images=False) \
@@ -678,25 +680,69 @@ def oci_push(store: LocalStore, version: str | Version, destination: str, *, for
             transfer.close_target(below)
 
 
-def oci_sync(source: str, store: LocalStore, *, alias: str = "production", name: str | None = None,
-             insecure: bool = False, progress: Progress | None = None,
-             trust: TrustPolicy | Callable[[str], TrustPolicy] | None = None) -> OciSyncOutcome:
-    """Materialize the version an OCI artifact carries in the local store (every layer verified), then flip
-    the local alias to it; its signature records (referrers of the artifact) are kept beside it.
+def sync(store: LocalStore, remote: str | S3Store, name: str | None = None, *, alias: str = "production",
+         progress: Progress | None = None, trust: TrustPolicy | Callable[[str], TrustPolicy] | None = None,
+         insecure: bool = False, endpoint_url: str | None = None) -> SyncOutcome:
+    """Materialize the version a remote (`open_remote`) names in the local store, every blob verified, under its
+    number, then flip the local `alias` to it; its signature records are kept beside it.
 
-    `trust` is a policy, or a function from the model's name (which the artifact tells) to its policy
-    (`lambda n: trust_policy(settings, n)`). Under a policy that is not empty, only a version one of whose
-    signatures verifies is synced (else `GateRefused`, before any layer is downloaded)."""
+    From S3 it is the version of the remote's alias `alias` of model `name` (required), and the canary beside
+    it while a rollout runs; from OCI, the mreg version the artifact carries (`name`, when given, must be its
+    model). `trust` is a policy, or a function from the model's name to its policy (`lambda n:
+    trust_policy(settings, n)`); under one that is not empty, only a version one of whose signatures verifies is
+    synced (else `GateRefused`, before any blob is downloaded)."""
+    from registry.store.transfer import sync as run
+
+    return run(_source(remote, name, alias, insecure=insecure, endpoint_url=endpoint_url), store, alias,
+               progress=progress, trust=_by_name(trust))
+
+
+def watch(store: LocalStore, remote: str | S3Store, name: str, *, alias: str = "production", every: float,
+          on_change: Callable[[SyncOutcome], None], stop: threading.Event, on_error: Callable[[Exception], None],
+          trust: TrustPolicy | Callable[[str], TrustPolicy] | None = None, endpoint_url: str | None = None) -> None:
+    """Keep syncing an S3 alias every `every` seconds until `stop` is set (each round under the trust policy); a
+    round that finds the alias as the last one left it reads nothing more."""
+    from registry.store.transfer import watch as run
+
+    source = _source(remote, name, alias, insecure=False, endpoint_url=endpoint_url)
+    if not source.aliases:
+        raise UsageError("--watch follows S3 aliases; an OCI tag is not an alias", hint="sync the tag when it moves")
+    run(source, store, alias, every, on_change, stop, on_error, _by_name(trust))
+
+
+def _source(remote: str | S3Store, name: str | None, alias: str, *, insecure: bool,
+            endpoint_url: str | None) -> Source:
+    """What a sync reads: an S3 store's alias, or an OCI artifact."""
     from registry.oci import reference, transfer
+    from registry.store.s3_transfer import S3Source
 
-    check_alias(alias)
     if name is not None:
         check_name(name)
-    ref = reference.parse(source)
-    target = transfer.open_target(ref, insecure=insecure)
-    policy_of = trust if callable(trust) or trust is None else (lambda _name, p=trust: p)
-    return transfer.sync(target, ref.digest or ref.tag, store, alias=alias, name=name, progress=progress,
-                         trust=policy_of)
+    check_alias(alias)
+    where = open_remote(remote, endpoint_url=endpoint_url)
+    if isinstance(where, (reference.OciRef, reference.LayoutRef)):
+        return transfer.OciSource(transfer.open_target(where, insecure=insecure), where.digest or where.tag, name)
+    if name is None:
+        raise UsageError("NAME is required when syncing from S3", hint=f"e.g. mreg sync {where.location} NAME")
+    return S3Source(where, name, alias)
+
+
+def _by_name(trust: TrustPolicy | Callable[[str], TrustPolicy] | None) -> Callable[[str], TrustPolicy] | None:
+    """A trust policy as a sync takes it: by the model's name (which an OCI artifact tells only once read)."""
+    if trust is None or callable(trust):
+        return trust
+    policy = trust
+    return lambda _name: policy
+
+
+def check(store: LocalStore, ref: str, golden: str | Path, *, fmt: str | None = None, min_hit_rate: float = 1.0,
+          record_baseline: bool = False) -> CheckRecord:
+    """Run a golden set through a version's artifact and keep the record (promotion gates read it)."""
+    from registry.release.check import load_golden, run_check
+
+    v = store.resolve(parse_ref(ref))
+    return run_check(store, v, load_golden(Path(golden)), fmt=fmt, min_keyword_hit_rate=min_hit_rate,
+                     record_baseline=record_baseline)
 
 
 def trust_policy(settings: config.Settings, name: str) -> TrustPolicy:

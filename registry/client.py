@@ -150,15 +150,21 @@ class Registry:
                                  prefer=prefer)
 
     def push(self, ref: str, remote: str | S3Store, *, endpoint_url: str | None = None,
-             progress: Progress | None = None) -> PushOutcome:
-        """Copy a version of this local store to an S3 store (`mreg push`): missing blobs, then the manifest."""
-        return api.push(self._local("push"), ref, _s3(remote, endpoint_url), progress=progress)
+             progress: Progress | None = None, verify_remote: bool = False, force: bool = False,
+             insecure: bool = False, as_image: bool = False, base: str | None = None) -> PushOutcome:
+        """Copy a version of this local store to a remote (`mreg push`): an `s3://` store or an OCI reference
+        (`oci://`, `oci-layout:`, `oci-archive:`); the blobs it lacks, then the manifest. `verify_remote` is for
+        S3; `force`, `as_image` and `base` for OCI (see `api.push`)."""
+        return api.push(self._local("push"), ref, remote, endpoint_url=endpoint_url, progress=progress,
+                        verify_remote=verify_remote, force=force, insecure=insecure, as_image=as_image, base=base)
 
-    def sync(self, remote: str | S3Store, name: str, *, alias: str = "production", endpoint_url: str | None = None,
-             progress: Progress | None = None, trust: TrustPolicy | None = None) -> SyncOutcome:
-        """Materialize an S3 store's alias in this local store, then flip the local alias (`mreg sync`)."""
-        return api.sync(_s3(remote, endpoint_url), name, self._local("sync"), alias=alias, progress=progress,
-                        trust=trust)
+    def sync(self, remote: str | S3Store, name: str | None = None, *, alias: str = "production",
+             endpoint_url: str | None = None, progress: Progress | None = None,
+             trust: TrustPolicy | Callable[[str], TrustPolicy] | None = None, insecure: bool = False) -> SyncOutcome:
+        """Materialize the version a remote names in this local store, then flip the local alias (`mreg sync`):
+        an S3 store's alias of `name`, or the version an OCI artifact carries."""
+        return api.sync(self._local("sync"), remote, name, alias=alias, progress=progress, trust=trust,
+                        insecure=insecure, endpoint_url=endpoint_url)
 
     def _cache(self) -> Path:
         """The cache, or the usage error a Registry without one raises where it needs one."""
@@ -173,7 +179,3 @@ class Registry:
                              hint="open a Registry on a directory; push and sync move versions from and to S3")
         return self.store
 
-
-def _s3(remote: str | S3Store, endpoint_url: str | None) -> S3Store:
-    """An S3 store given as itself or as `s3://bucket/prefix`."""
-    return remote if isinstance(remote, S3Store) else api.open_s3_store(remote, endpoint_url=endpoint_url)

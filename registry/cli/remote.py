@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -115,9 +115,17 @@ def stop_on_signals(output: Output) -> Iterator[threading.Event]:
         stop.set()
         output.warn(f"{signal.Signals(signum).name}: stopping after the chunk being sent (again to stop now)")
 
+    with _handling_signals(handler):
+        yield stop
+
+
+@contextlib.contextmanager
+def _handling_signals(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM go to `handler` inside the block; the handlers that were there before are put back after
+    it (a caller in the same process, a test runner, keeps its own)."""
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield stop
+        yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -126,8 +134,8 @@ def stop_on_signals(output: Output) -> Iterator[threading.Event]:
 def _push_oci(local: LocalStore, v: Version, remote: str, force: bool, insecure: bool, as_json: bool,
               as_image: bool, base: str | None) -> None:
     with stop_on_signals(Output(as_json)) as stop:
-        out = api.oci_push(local, v, remote, force=force, insecure=insecure, progress=progress_for(as_json),
-                           as_image=as_image, base=base, stop=stop)
+        out = api.push(local, v, remote, force=force, insecure=insecure, progress=progress_for(as_json),
+                       as_image=as_image, base=base, stop=stop)
     doc = {"name": v.name, "local_version": v.number, "remote": remote, "as_image": as_image, "base": base,
            "tag": out.tag, "digest": out.digest,
            "reused": out.reused, "uploaded_blobs": out.uploaded_blobs, "uploaded_bytes": out.uploaded_bytes,
@@ -178,8 +186,8 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
             raise click.UsageError("--watch follows S3 aliases; an OCI tag is not an alias")
         settings = settings_for(config_path, store=store)
         local = local_store(settings)
-        o = api.oci_sync(remote, local, alias=alias, name=name, insecure=insecure, progress=progress_for(as_json),
-                         trust=lambda n: api.trust_policy(settings, n))
+        o = api.sync(local, remote, name, alias=alias, insecure=insecure, progress=progress_for(as_json),
+                     trust=lambda n: api.trust_policy(settings, n))
         doc = {"name": o.name, "alias": alias, "version": o.version, "digest": o.digest, "changed": o.changed,
                "downloaded_blobs": o.downloaded_blobs, "downloaded_bytes": o.downloaded_bytes,
                "signatures": o.signatures, "path": local.alias_mount(o.name, alias)}
@@ -205,11 +213,10 @@ def sync_cmd(remote: str, name: str | None, alias: str, insecure: bool, watch: f
             f" ({o.downloaded_blobs} blob(s), {human_size(o.downloaded_bytes)} downloaded)" if o.changed else
             " (already current)"))
 
-    report(api.sync(rs, name, local, alias=alias, progress=progress_for(as_json), trust=trust))
+    report(api.sync(local, rs, name, alias=alias, progress=progress_for(as_json), trust=trust))
     if watch is None:
         return
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    api.watch(rs, name, local, alias=alias, every=watch, on_change=report, stop=stop,
-              on_error=lambda e: out.warn(f"{e} ({getattr(e, 'hint', '')})"), trust=trust)
+    with _handling_signals(lambda *_: stop.set()):
+        api.watch(local, rs, name, alias=alias, every=watch, on_change=report, stop=stop,
+                  on_error=lambda e: out.warn(f"{e} ({getattr(e, 'hint', '')})"), trust=trust)

@@ -105,7 +105,7 @@ def _make_remote(remote: S3Store, snapshot: Snapshot, name: str, key: str, plan:
                  progress: Progress, lease: Lease, config: dict[str, Any] | None) -> Version:
     """Build the version in a temporary local store, then push it: the push's own order (blobs, create-only
     manifest, key index) is what keeps a killed run from leaving a partial version in the bucket."""
-    from registry.store.transfer import push
+    from registry.store.s3_transfer import push
 
     # $TMPDIR on the cache's filesystem makes the work store's copies of the source hard links. Named by host and
     # pid, so that the next run here removes what a killed one left.

@@ -1,4 +1,4 @@
-"""Push a version to an OCI target, pull an artifact into the cache, sync one into a local store.
+"""Push a version to an OCI target, pull an artifact into the cache, offer one to the sync (`OciSource`).
 
 Push: pack (pure) → the tag's current manifest (a different digest refused unless forced) →
 HEAD every blob, upload only the missing ones (streamed; chunked when large) → PUT the manifest
@@ -10,7 +10,8 @@ Pull and sync: the manifest (its digest checked against the reference when it is
 signature referrers, judged against the trust policy of the model the mreg manifest layer names,
 before any other layer is fetched → every layer streamed, hashed while written, compared with its
 descriptor → only then the snapshot (cache) or the version (store) appears, then the signature
-records beside it, and the local alias flips last. A pull ignores signatures.
+records beside it, and the local alias flips last (the store's side is the one sync,
+`registry.store.transfer`). A pull ignores signatures.
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from manifests import HistoryEntry, Manifest
+from manifests import Manifest
 from registry import layout
 from registry.cache.imported import IncomingFile, import_files
 from registry.cache.plan import unsafe_reason
 from registry.cache.records import Snapshot
-from registry.digest import write_hashed
 from registry.errors import Conflict, IntegrityError, NotFound, UsageError
 from registry.incoming import sized
 from registry.oci import media, uploads
@@ -46,8 +46,7 @@ from registry.oci.unpack import ImageReader
 from registry.progress import NoProgress, Progress
 from registry.store.local import LocalStore
 from registry.store.protocol import Version
-from registry.store.signatures import write_record
-from registry.store.trust import TrustPolicy
+from registry.store.transfer import Offer, PushOutcome, Trust
 
 #: The mreg manifest layer is small; a larger one is not ours.
 MAX_MREG_MANIFEST = 16 << 20
@@ -77,25 +76,8 @@ def close_target(target: Target) -> None:
         close()
 
 
-@dataclass(frozen=True)
-class OciPushOutcome:
-    """What a push did."""
-
-    digest: str
-    tag: str
-    reused: bool
-    uploaded_blobs: int
-    uploaded_bytes: int
-    present_blobs: int
-    replaced: str | None = None
-    #: Bytes of `uploaded_bytes`' blobs not sent again: the registry had them from an interrupted upload.
-    resumed_bytes: int = 0
-    #: Signature records sent as referrers (those already listed are not counted).
-    signatures: int = 0
-
-
 def push(store: LocalStore, version: Version, target: Target, tag: str, *, force: bool = False,
-         progress: Progress | None = None, as_image: bool = False, base: BaseImage | None = None) -> OciPushOutcome:
+         progress: Progress | None = None, as_image: bool = False, base: BaseImage | None = None) -> PushOutcome:
     """Publish a version under `tag` (as a ModelPack artifact, or a regular image, over `base` when given): missing
     blobs first, the manifest last."""
     progress = progress or NoProgress()
@@ -109,8 +91,8 @@ def push(store: LocalStore, version: Version, target: Target, tag: str, *, force
         _send_small(store, target, b, lambda _n: None)
 
     if current is not None and current.digest == packed.digest:
-        return OciPushOutcome(packed.digest, tag, True, 0, 0, len(packed.blobs),
-                              signatures=push_signatures(records, target, packed.manifest, send))
+        return PushOutcome(version, packed.digest, True, 0, 0, len(packed.blobs), tag=tag,
+                           signatures=push_signatures(records, target, packed.manifest, send))
     if current is not None and not force:
         raise Conflict(f"{target.location}:{tag} already names {current.digest[:19]}…, not this version "
                        f"({packed.digest[:19]}…)",
@@ -134,8 +116,9 @@ def push(store: LocalStore, version: Version, target: Target, tag: str, *, force
         if isinstance(target, RegistryTarget) and target.sessions is not None:
             target.sessions.clear()  # every blob is there now: what is left of this target is stale
     sent = push_signatures(records, target, packed.manifest, send)
-    return OciPushOutcome(packed.digest, tag, False, len(missing), sum(b.size for b in missing) - resumed,
-                          len(packed.blobs) - len(missing), current.digest if current else None, resumed, sent)
+    return PushOutcome(version, packed.digest, False, len(missing), sum(b.size for b in missing) - resumed,
+                       len(packed.blobs) - len(missing), signatures=sent, tag=tag,
+                       replaced=current.digest if current else None, resumed_bytes=resumed)
 
 
 def _send_small(store: LocalStore, target: Target, b: Blob, advance: Callable[[int], None]) -> int:
@@ -295,99 +278,52 @@ def pull(cache: Path, ref: OciRef | LayoutRef, target: Target, *, include: Seque
 # -- sync into a local store ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class OciSyncOutcome:
-    """What a sync did."""
+class OciSource:
+    """An artifact as a sync reads it (`registry.store.transfer.sync`): the manifest (its digest checked against the
+    reference when it is one) → the mreg manifest layer → the signature referrers → the layers, one at a time."""
 
-    name: str
-    version: int
-    digest: str
-    changed: bool
-    downloaded_blobs: int
-    downloaded_bytes: int
-    entry: HistoryEntry | None = None
-    #: Signature records kept beside the local version (with a trust policy: the valid ones).
-    signatures: int = 0
+    aliases = False  # a tag is a name, not an alias: no rollout to follow
+    workers = 1
+    repair_hint = "push the version again from a good store"
 
+    def __init__(self, target: Target, reference: str | None, name: str | None = None) -> None:
+        self.target, self.reference, self.name = target, reference, name
+        self.location = target.location
 
-def sync(target: Target, reference: str | None, local: LocalStore, *, alias: str, name: str | None = None,
-         progress: Progress | None = None, trust: Callable[[str], TrustPolicy] | None = None) -> OciSyncOutcome:
-    """Materialize the mreg version an artifact carries in the local store (same number), then flip `alias`.
+    def head(self) -> str:
+        """The digest of the manifest the reference names now."""
+        got = self.target.get_manifest(self.reference or "")
+        return got.digest if got is not None else ""
 
-    `trust` gives the policy of the model the artifact names: where it is not empty, the version's signature
-    referrers must hold one that verifies (GateRefused before any layer is fetched otherwise)."""
-    from registry.store.transfer import local_flip
+    def offer(self, trust: Trust | None) -> Offer:
+        """The mreg version the artifact carries, every file among its layers; the signature referrers that verify
+        under the model's trust policy (all of them without one)."""
+        target, reference = self.target, self.reference
+        art = read_artifact(target, reference)
+        if art.mreg is None:
+            raise UsageError(f"{target.location}:{reference} carries no mreg manifest, so it is not a version to "
+                             "sync", hint="pull it into the cache and convert it: `mreg convert oci://… --to hf "
+                                          "--name NAME`")
+        manifest, raw = art.mreg
+        if self.name is not None and self.name != manifest.name:
+            raise Conflict(f"{target.location}:{reference} holds {manifest.name}@{manifest.version}, not {self.name}",
+                           hint=f"sync it as {manifest.name}, or give the tag of {self.name}")
+        by_digest = {layer.digest.split(":", 1)[1]: layer for layer in art.layers}
+        for a in manifest.artifacts:
+            for f in a.files:
+                layer = by_digest.get(f.sha256)
+                if layer is None or layer.size != f.size:
+                    raise _hostile(f"{target.location}:{reference}", f"{a.path}/{f.path} is not among the layers")
+        version = Version(manifest.name, manifest.version, manifest, hashlib.sha256(raw).hexdigest(),
+                          f"{target.location}@{art.manifest.digest}")
+        keep = admitted(read_signatures(target, art.manifest.digest, version), version,
+                        trust(manifest.name) if trust is not None else None, f"{target.location}:{reference or ''}")
+        return Offer(version, raw, art.manifest.digest, tuple(keep))
 
-    progress = progress or NoProgress()
-    art = read_artifact(target, reference)
-    if art.mreg is None:
-        raise UsageError(f"{target.location}:{reference} carries no mreg manifest, so it is not a version to sync",
-                         hint="pull it into the cache and convert it: `mreg convert oci://… --to hf --name NAME`")
-    manifest, raw = art.mreg
-    if name is not None and name != manifest.name:
-        raise Conflict(f"{target.location}:{reference} holds {manifest.name}@{manifest.version}, not {name}",
-                       hint=f"sync it as {manifest.name}, or give the tag of {name}")
-    by_digest = {layer.digest.split(":", 1)[1]: layer for layer in art.layers}
-    for a in manifest.artifacts:
-        for f in a.files:
-            layer = by_digest.get(f.sha256)
-            if layer is None or layer.size != f.size:
-                raise _hostile(f"{target.location}:{reference}", f"{a.path}/{f.path} is not among the layers")
-    wanted = hashlib.sha256(raw).hexdigest()
-    version = Version(manifest.name, manifest.version, manifest, wanted, f"{target.location}@{art.manifest.digest}")
-    keep = admitted(read_signatures(target, art.manifest.digest, version), version,
-                    trust(manifest.name) if trust is not None else None, f"{target.location}:{reference or ''}")
-    have = _local_digest(local, manifest.name, manifest.version)
-    downloaded = (0, 0)
-    if have is None:
-        downloaded = _materialize(target, local, manifest, raw, progress)
-    elif have != wanted:
-        raise Conflict(f"the local store already has a different {manifest.name}@{manifest.version}",
-                       hint="sync into a store used only for syncing from this registry")
-    for rec in keep:
-        write_record(local, rec)
-    _, entry = local_flip(local, manifest.name, alias, manifest.version)
-    return OciSyncOutcome(manifest.name, manifest.version, art.manifest.digest, entry is not None, *downloaded,
-                          entry=entry, signatures=len(keep))
+    def open_blob(self, sha256: str) -> Iterator[bytes]:
+        """A layer's bytes; NotFound when the target has none."""
+        return self.target.open_blob(f"sha256:{sha256}")
 
-
-def _local_digest(local: LocalStore, name: str, number: int) -> str | None:
-    try:
-        return local.version(name, number).manifest_sha256
-    except NotFound:
-        return None
-
-
-def _materialize(target: Target, local: LocalStore, manifest: Manifest, raw: bytes,
-                 progress: Progress) -> tuple[int, int]:
-    """Download what the store lacks into a staging tree, verified, then publish under the same number."""
-    with local.writers():
-        staging = local.stage(manifest.name)
-        try:
-            wanted: dict[str, list[Path]] = {}
-            sizes: dict[str, int] = {}
-            for a in manifest.artifacts:
-                for f in a.files:
-                    wanted.setdefault(f.sha256, []).append(staging.path / a.path / f.path)
-                    sizes[f.sha256] = f.size
-            missing = [d for d in wanted if not layout.blob_path(local.root, d).exists()]
-            progress.start(f"syncing {manifest.name}@{manifest.version}", sum(sizes[d] for d in missing))
-            for d in missing:
-                first = wanted[d][0]
-                first.parent.mkdir(parents=True, exist_ok=True)
-                actual = write_hashed(first, sized(target.open_blob(f"sha256:{d}"), sizes[d],
-                                                   f"{target.location}: layer sha256:{d[:12]}…",
-                                                   hint="push the version again from a good store"),
-                                      progress.advance)
-                if actual != d:
-                    raise IntegrityError(f"{target.location}: layer sha256:{d[:12]}… is corrupt (its bytes hash to "
-                                         f"{actual[:12]}…); nothing was published locally",
-                                         hint="push the version again from a good store")
-            progress.done()
-            local.place_blobs(wanted)
-            local.publish_exact(staging, raw, manifest.version)
-        except BaseException:
-            staging.discard()
-            raise
-    return len(missing), sum(sizes[d] for d in missing)
-
+    def blob_label(self, sha256: str) -> str:
+        """`layer sha256:ab12…`."""
+        return f"layer sha256:{sha256[:12]}…"

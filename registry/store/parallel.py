@@ -10,8 +10,9 @@ T = TypeVar("T")
 
 
 def parallel(workers: int, fn: Callable[[str], T], items: list[str]) -> list[T]:
-    """fn over items on up to `workers` threads, results in order."""
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items)))) as pool:
+    """fn over items on up to `workers` threads, results in order. One worker is this thread: the first error (or
+    Ctrl-C) stops it there, where a pool would first run every item already queued."""
+    if workers <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
         return list(pool.map(fn, items))

@@ -1,238 +1,169 @@
-"""Moving versions between a local store and an S3 store: push, sync, remote verify and gc.
+"""One transfer core: a version from a source (an S3 store's alias, an OCI artifact) into the local store; what a
+push to either did.
 
-Push: lease → upload the blobs the remote lacks (checked by key and size, SHA-256 verified by the
-server; with verify_remote each present blob is also downloaded and hashed, and sent again if it
-fails) → create-only manifest → key index → drop the lease. A push killed anywhere leaves at most
-unreferenced blobs; the re-push uploads only what is missing.
+Sync: the source's offer (its manifest checked against where it was read from; with a trust policy,
+the version's signatures judged against it: none valid, refused, nothing downloaded) → have it
+already (the same manifest digest), or another version under that number (Conflict), or the blobs
+the local store lacks downloaded into a staging tree, each hashed while written → published
+locally under the same number → signature records kept → local symlink flipped; under a rollout,
+the canary alias beside it. A corrupt blob fails the sync before anything becomes visible.
 
-Sync: alias record → manifest (its digest must match the record) → with a trust policy, the
-version's signatures judged against it (none valid: refused, nothing downloaded) → blobs
-downloaded into a local staging tree, each hashed while written → published locally under the
-same number → signature records copied → local symlink flipped. A corrupt remote blob fails the
-sync before anything becomes visible.
+Watch: a sync every round, except when the source's head (what it names, read cheaply) and the
+local alias are as the last synced round left them: then nothing else is read.
 
-Signature records travel with push and sync (create-only, never replaced) when the version keeps
-its number: a signature covers the manifest, whose bytes carry the number.
+The sources are `registry.store.s3_transfer.S3Source` and `registry.oci.transfer.OciSource`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol
 
-from manifests import AliasRecord, HistoryEntry, Manifest
+from manifests import HistoryEntry, Manifest, SignatureRecord
 from registry import layout, provenance
-from registry.digest import sha256_file, write_hashed
+from registry.digest import write_hashed
 from registry.errors import Conflict, GateRefused, IntegrityError, NotFound, StoreUnreachable
 from registry.incoming import sized
 from registry.progress import NoProgress, Progress
-from registry.store.bucket import PreconditionFailed
 from registry.store.local import LocalStore
 from registry.store.parallel import parallel
 from registry.store.protocol import Version
-from registry.store.s3 import S3Store
-from registry.store.signatures import judge, record_bytes, record_name, signature_problems, write_record
+from registry.store.signatures import write_record
 from registry.store.trust import TrustPolicy
-
-T = TypeVar("T")
-MULTIPART_THRESHOLD = 64 << 20
-PART_SIZE = 32 << 20
 
 
 @dataclass(frozen=True)
 class PushOutcome:
-    """What a push did."""
+    """What a push did, to S3 or to OCI."""
 
+    #: The version pushed (to S3: as the remote numbered it).
     version: Version
+    #: What names it there: its manifest's sha256 (S3), its OCI manifest's digest (OCI).
+    digest: str
     reused: bool
     uploaded_blobs: int
     uploaded_bytes: int
     present_blobs: int
-    #: Remote blobs of the right size whose content failed its digest, uploaded again (with verify_remote).
-    repaired_blobs: int = 0
-    #: Whether every remote blob already there was downloaded and hashed.
-    verified_remote: bool = False
     #: Signature records sent (records already there are not counted).
     signatures: int = 0
-    #: Local signatures left behind: the remote version has another number, so other manifest bytes.
+    #: S3: remote blobs of the right size whose content failed its digest, uploaded again (with verify_remote).
+    repaired_blobs: int = 0
+    #: S3: whether every remote blob already there was downloaded and hashed.
+    verified_remote: bool = False
+    #: S3: local signatures left behind: the remote version has another number, so other manifest bytes.
     signatures_left: int = 0
+    #: OCI: the tag the manifest was put under, and the digest it named before when the push moved it.
+    tag: str | None = None
+    replaced: str | None = None
+    #: OCI: bytes of `uploaded_bytes`' blobs not sent again: the registry had them from an interrupted upload.
+    resumed_bytes: int = 0
 
 
-def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Progress | None = None,
-         workers: int = 8, verify_remote: bool = False) -> PushOutcome:
-    """Copy a local version to the remote store; uploads only the blobs it lacks. With `verify_remote`, every
-    remote blob of the right size is also downloaded and hashed, and sent again when it fails its digest (a size
-    check cannot see bytes replaced by others of the same size)."""
-    progress = progress or NoProgress()
-    existing = remote.find_by_key(version.name, version.manifest.key)
-    files = {f.sha256: f.size for a in version.manifest.artifacts for f in a.files}
-    lease = remote.take_lease(sorted(files))
-    try:
-        # A remote blob of the wrong size (cut short, or replaced) is sent again: a re-push repairs it,
-        # also when the version is already there.
-        sizes = parallel(workers, lambda d: remote.size(remote.blob_key(d)), list(files))
-        missing = [d for d, size in zip(files, sizes, strict=True) if size != files[d]]
-        damaged: list[str] = []
-        if verify_remote:
-            present = [d for d in files if d not in missing]
-            progress.start(f"verifying {len(present)} remote blob(s)", sum(files[d] for d in present))
-            lock = threading.Lock()
-
-            def counted(n: int) -> None:
-                with lock:
-                    progress.advance(n)
-
-            hashed = parallel(workers, lambda d: _remote_digest(remote, d, counted), present)
-            progress.done()
-            damaged = [d for d, actual in zip(present, hashed, strict=True) if actual != d]
-            missing += damaged
-        progress.start(f"pushing {version.name}@{version.number}", sum(files[d] for d in missing))
-        lock = threading.Lock()
-
-        def advance(n: int) -> None:
-            with lock:
-                progress.advance(n)
-
-        parallel(max(1, workers // 4), lambda d: _upload_blob(local, remote, d, advance), missing)
-        progress.done()
-        published = existing or remote.publish_manifest(version.manifest)
-    finally:
-        remote.delete(lease)
-    sent, left = _push_signatures(local, version, remote, published)
-    return PushOutcome(published, existing is not None, len(missing), sum(files[d] for d in missing),
-                       len(files) - len(missing), len(damaged), verify_remote, sent, left)
+#: The trust policy of a model, by its name (a sync from OCI learns the name from the artifact).
+Trust = Callable[[str], TrustPolicy]
 
 
-def _push_signatures(local: LocalStore, version: Version, remote: S3Store, published: Version) -> tuple[int, int]:
-    """Send the version's signature records the remote lacks (create-only); (sent, left behind)."""
-    records = local.signatures(version.name, version.number)
-    if published.manifest_sha256 != version.manifest_sha256:
-        return 0, len(records)
-    have = set(remote.signature_keys(published.name, published.number))
-    sent = 0
-    for rec in records:
-        key = remote.signatures_prefix(published.name, published.number) + record_name(rec)
-        if key in have:
-            continue
-        try:
-            remote.put(key, record_bytes(rec), if_none_match=True)
-            sent += 1
-        except PreconditionFailed:
-            pass  # another push sent it first
-    return sent, 0
+class Source(Protocol):
+    """Where a sync reads a version from (an S3 store's alias, an OCI artifact): what it names now, read cheaply;
+    the version with its manifest checked and the signature records to keep; the version's blobs."""
+
+    location: str
+    #: Whether what the source names is an alias, which a staged rollout can be under (its canary synced beside it).
+    aliases: bool
+    #: How many blobs may be downloaded at once.
+    workers: int
+    #: What to do about a blob the source lacks or serves corrupt.
+    repair_hint: str
+
+    def head(self) -> str:
+        """What the source names now ("" when nothing), read without the manifest: the same head, the same sync."""
+
+    def offer(self, trust: Trust | None) -> Offer:
+        """The version the source names, its manifest checked against where it was read from before anything local
+        is written from it, and the signature records to keep beside it (under a trust policy that is not empty:
+        GateRefused, before any blob is fetched, unless one of them verifies)."""
+
+    def open_blob(self, sha256: str) -> Iterator[bytes]:
+        """A blob's bytes as they arrive (the caller hashes them); an MregError when the source lacks it."""
+
+    def blob_label(self, sha256: str) -> str:
+        """How an error names a blob of this source."""
 
 
-def _remote_digest(remote: S3Store, digest: str, advance: Callable[[int], None]) -> str | None:
-    """The sha256 of a remote blob's bytes as they stream in (None when it vanished meanwhile: sent again)."""
-    opened = remote.open(remote.blob_key(digest), f"verifying blob {digest[:12]}… in {remote.location}")
-    if opened is None:
-        return None
-    h = hashlib.sha256()
-    for chunk in opened[0]:
-        h.update(chunk)
-        advance(len(chunk))
-    return h.hexdigest()
+@dataclass(frozen=True)
+class Offer:
+    """A version as a source offers it, checked, before anything local is written."""
 
-
-def _upload_blob(local: LocalStore, remote: S3Store, digest: str, advance: Callable[[int], None]) -> None:
-    path = layout.blob_path(local.root, digest)
-    size = path.stat().st_size
-    key = remote.blob_key(digest)
-    if size < MULTIPART_THRESHOLD:
-        # The blob's name is its digest: the server checks the body against it (BadDigest on a damaged file).
-        remote.put(key, path.read_bytes(), sha256=digest)
-        advance(size)
-        return
-    # A multipart upload has no whole-object check on the server: the blob is verified here before it travels.
-    if sha256_file(path) != digest:
-        raise IntegrityError(f"the local blob {digest[:12]}… ({path}) does not match its name",
-                             hint="run `mreg verify --all` and re-publish the damaged version from its source; "
-                                  "nothing was pushed")
-    remote.upload_file(path, key, digest, advance, part_size=PART_SIZE, threshold=MULTIPART_THRESHOLD)
+    version: Version
+    #: The manifest's exact bytes (published locally as they are: a signature covers them).
+    raw: bytes
+    #: What names the version at the source (an alias record's manifest sha256, an OCI manifest digest).
+    digest: str
+    signatures: tuple[SignatureRecord, ...]
+    #: While the alias is under a staged rollout: the source of its canary alias.
+    canary: Source | None = None
 
 
 @dataclass(frozen=True)
 class SyncOutcome:
     """What a sync did."""
 
+    name: str
     version: int
+    #: What names the version at the source (see `Offer.digest`).
+    digest: str
     changed: bool
     downloaded_blobs: int
     downloaded_bytes: int
     entry: HistoryEntry | None = None
+    #: Signature records kept beside the local version.
+    signatures: int = 0
     #: While the alias is under a staged rollout: the canary alias synced beside it.
     canary: SyncOutcome | None = None
 
 
-def sync(remote: S3Store, name: str, alias: str, local: LocalStore, *, progress: Progress | None = None,
-         workers: int = 8, trust: TrustPolicy | None = None) -> SyncOutcome:
-    """Make the local store's `alias` point at a complete local copy of the remote alias's version; with a trust
-    policy, only when one of its signatures verifies (GateRefused before anything is written otherwise)."""
+def sync(source: Source, local: LocalStore, alias: str, *, progress: Progress | None = None,
+         trust: Trust | None = None) -> SyncOutcome:
+    """Make the local store's `alias` point at a complete local copy of the version the source names: have it
+    already, or download what is missing and publish it under the same number; keep its signature records; flip.
+    With a trust policy, only a version one of whose signatures verifies (GateRefused before anything is written
+    otherwise)."""
     progress = progress or NoProgress()
-    rec, _ = remote.alias_record(name, alias)
-    if rec is None:
-        raise NotFound(f"{name} has no alias {alias} in {remote.location}",
-                       hint=f"promote a version there first: `mreg promote {name}@N --store {remote.location}`")
-    manifest, raw = _aliased_manifest(remote, name, alias, rec)
-    signatures = remote.signatures(name, rec.version)
-    if trust is not None and not trust.empty:
-        target = Version(name, rec.version, manifest, rec.manifest_sha256, remote.url(
-            remote.manifest_key(name, rec.version)))
-        problems = signature_problems([judge(s, target, trust) for s in signatures], target, trust)
-        if problems:
-            raise GateRefused(f"{name} {alias} was not synced to {rec.version}: {'; '.join(problems)}",
-                              hint=f"sign {name}@{rec.version} with a trusted key and push it again; the local "
-                                   f"{alias} was not changed")
+    offer = source.offer(trust)
+    v = offer.version
     downloaded = (0, 0)
-    have = _local_version(local, name, rec.version)
+    have = _local_version(local, v.name, v.number)
     if have is None:
-        downloaded = _materialize(remote, local, manifest, raw, progress, workers)
-    elif have != rec.manifest_sha256:
-        raise Conflict(f"the local store already has a different {name}@{rec.version}",
-                       hint="sync into a store used only for syncing from this remote")
-    for sig in signatures:
-        if sig.manifest_sha256 == rec.manifest_sha256:
-            write_record(local, sig)
-    _, entry = local_flip(local, name, alias, rec.version)
-    return SyncOutcome(rec.version, entry is not None, downloaded[0], downloaded[1], entry,
-                       _sync_canary(remote, name, alias, local, rec, progress, workers, trust))
+        downloaded = _materialize(source, local, v.manifest, offer.raw, progress)
+    elif have != v.manifest_sha256:
+        raise Conflict(f"the local store already has a different {v.name}@{v.number}",
+                       hint=f"sync into a store used only for syncing from {source.location}")
+    for rec in offer.signatures:
+        write_record(local, rec)
+    _, entry = local_flip(local, v.name, alias, v.number)
+    return SyncOutcome(v.name, v.number, offer.digest, entry is not None, *downloaded, entry=entry,
+                       signatures=len(offer.signatures),
+                       canary=_sync_canary(source, offer, local, alias, progress, trust))
 
 
-def _sync_canary(remote: S3Store, name: str, alias: str, local: LocalStore, rec: AliasRecord, progress: Progress,
-                 workers: int, trust: TrustPolicy | None) -> SyncOutcome | None:
+def _sync_canary(source: Source, offer: Offer, local: LocalStore, alias: str, progress: Progress,
+                 trust: Trust | None) -> SyncOutcome | None:
     """While the alias is under a rollout, the serving node holds the canary version too (its own alias); once the
     rollout is over, the local canary alias goes."""
-    canary = layout.canary_alias(alias)
-    if len(canary) > 64 or alias.endswith(layout.CANARY_SUFFIX):
+    canary = canary_of(alias)
+    if not source.aliases or canary is None:
         return None
-    if rec.rollout is not None and rec.rollout.state in ("running", "paused"):
+    if offer.canary is not None:
         try:
-            return sync(remote, name, canary, local, progress=progress, workers=workers, trust=trust)
+            return sync(offer.canary, local, canary, progress=progress, trust=trust)
         except NotFound:
             return None  # the canary alias is written just after the rollout's start commits
-    if local.alias(name, canary) is not None:
-        local.drop_alias(name, canary)
+    if local.alias(offer.version.name, canary) is not None:
+        local.drop_alias(offer.version.name, canary)
     return None
-
-
-def _aliased_manifest(remote: S3Store, name: str, alias: str, rec: AliasRecord) -> tuple[Manifest, bytes]:
-    """The manifest an alias record points to and its bytes, checked against the record and its own key.
-
-    Everything local is written from it (the model's directory, the number, the alias), so it is checked
-    before anything is.
-    """
-    obj = remote.get(remote.manifest_key(name, rec.version))
-    if obj is None:
-        raise remote.missing_target(name, alias, rec.version)
-    if hashlib.sha256(obj.data).hexdigest() != rec.manifest_sha256:
-        raise IntegrityError(f"{remote.url(remote.manifest_key(name, rec.version))} does not match the digest in "
-                             f"its alias record {remote.url(remote.alias_key(name, alias))}",
-                             hint=f"run `mreg verify {name}@{rec.version} --store {remote.location}`")
-    return remote.checked_manifest(name, rec.version, obj.data), obj.data
 
 
 def _local_version(local: LocalStore, name: str, number: int) -> str | None:
@@ -242,9 +173,9 @@ def _local_version(local: LocalStore, name: str, number: int) -> str | None:
         return None
 
 
-def _materialize(remote: S3Store, local: LocalStore, manifest: Manifest, raw: bytes, progress: Progress,
-                 workers: int) -> tuple[int, int]:
-    """Download what the local store lacks into a staging tree, verify, publish under the remote number."""
+def _materialize(source: Source, local: LocalStore, manifest: Manifest, raw: bytes,
+                 progress: Progress) -> tuple[int, int]:
+    """Download what the local store lacks into a staging tree, verify, publish under the source's number."""
     with local.writers():
         staging = local.stage(manifest.name)
         try:
@@ -260,9 +191,9 @@ def _materialize(remote: S3Store, local: LocalStore, manifest: Manifest, raw: by
             def fetch(d: str) -> None:
                 first = wanted[d][0]
                 first.parent.mkdir(parents=True, exist_ok=True)
-                _download_verified(remote, d, sizes[d], first, progress, lock)
+                _download_verified(source, d, sizes[d], first, progress, lock)
 
-            parallel(workers, fetch, missing)
+            parallel(source.workers, fetch, missing)
             progress.done()
             local.place_blobs(wanted)
             local.publish_exact(staging, raw, manifest.version)
@@ -272,28 +203,18 @@ def _materialize(remote: S3Store, local: LocalStore, manifest: Manifest, raw: by
     return len(missing), sum(sizes[d] for d in missing)
 
 
-def _download_verified(remote: S3Store, digest: str, size: int, dest: Path, progress: Progress,
+def _download_verified(source: Source, digest: str, size: int, dest: Path, progress: Progress,
                        lock: threading.Lock) -> None:
-    opened = remote.open(remote.blob_key(digest), f"downloading blob {digest[:12]}… from {remote.location}")
-    if opened is None:  # the server answered: the manifest names a blob the store does not hold
-        raise IntegrityError(
-            f"{remote.location}: blob {digest[:12]}… named by the manifest is missing; nothing was published locally",
-            hint=f"re-push the version from a good copy, or run `mreg verify --store {remote.location}`",
-        )
-
     def advance(n: int) -> None:
         with lock:
             progress.advance(n)
 
-    hint = f"re-push the version from a good copy, or run `mreg verify --store {remote.location}`"
-    body = sized(opened[0], size, f"{remote.location}: blob {digest[:12]}…", hint)  # never a byte past its size
+    label = f"{source.location}: {source.blob_label(digest)}"
+    body = sized(source.open_blob(digest), size, label, source.repair_hint)  # never a byte past its size
     actual = write_hashed(dest, body, advance)  # a dropped connection: one-line error, staging discarded
     if actual != digest:
-        raise IntegrityError(
-            f"{remote.location}: blob {digest[:12]}… is corrupt (its content hashes to {actual[:12]}…); "
-            "nothing was published locally",
-            hint=f"re-push the version from a good copy, or run `mreg verify --store {remote.location}`",
-        )
+        raise IntegrityError(f"{label} is corrupt (its content hashes to {actual[:12]}…); nothing was published "
+                             "locally", hint=source.repair_hint)
 
 
 def local_flip(local: LocalStore, name: str, alias: str, number: int) -> tuple[int | None, HistoryEntry | None]:
@@ -308,16 +229,27 @@ def local_flip(local: LocalStore, name: str, alias: str, number: int) -> tuple[i
     return local.transact_alias(name, alias, decide)
 
 
-def watch(remote: S3Store, name: str, alias: str, local: LocalStore, every: float,
-          on_change: Callable[[SyncOutcome], None], stop: threading.Event,
-          on_error: Callable[[Exception], None], trust: TrustPolicy | None = None) -> None:
-    """Follow a remote alias until `stop` is set; each change is synced and reported."""
+def watch(source: Source, local: LocalStore, alias: str, every: float, on_change: Callable[[SyncOutcome], None],
+          stop: threading.Event, on_error: Callable[[Exception], None], trust: Trust | None = None) -> None:
+    """Follow a source until `stop` is set; each change is synced and reported. A round whose source has the head
+    the last synced round read, with the local alias still where that round put it, reads nothing more: no
+    manifest, no signature verified again, no blob."""
+    synced: tuple[str, SyncOutcome] | None = None
     while not stop.is_set():
         try:
-            out = sync(remote, name, alias, local, trust=trust)
-            if out.changed:
-                on_change(out)
+            now = source.head()
+            if synced is None or synced[0] != now or local.alias(synced[1].name, alias) != synced[1].version:
+                out = sync(source, local, alias, trust=trust)
+                synced = (now, out)
+                if out.changed:
+                    on_change(out)
         # Reported; the next round retries (a refused version may be signed meanwhile).
         except (IntegrityError, NotFound, Conflict, StoreUnreachable, GateRefused) as e:
             on_error(e)
         stop.wait(every)
+
+
+def canary_of(alias: str) -> str | None:
+    """The canary alias synced beside `alias` under a rollout (None for a canary itself, or a name too long)."""
+    canary = layout.canary_alias(alias)
+    return None if len(canary) > 64 or alias.endswith(layout.CANARY_SUFFIX) else canary

@@ -135,7 +135,7 @@ class LocalRegistry:
 
 def killed_push(store: Path, version: str, target: str, *, after: int, chunk: int | None = None,
                 insecure: bool = True) -> None:
-    """`api.oci_push` in a child process, SIGKILLed by its own progress once it has heard of `after` bytes (right
+    """`api.push` in a child process, SIGKILLed by its own progress once it has heard of `after` bytes (right
     after a blob or a chunk was accepted): what a push killed mid-way leaves behind."""
     import subprocess
     import sys
@@ -150,7 +150,7 @@ def killed_push(store: Path, version: str, target: str, *, after: int, chunk: in
         "    def advance(self, n):\n"
         "        Killer.seen += n\n"
         f"        if Killer.seen > {after}: os.kill(os.getpid(), signal.SIGKILL)\n"
-        f"api.oci_push(api.open_local_store(sys.argv[1]), {version!r}, sys.argv[2], insecure={insecure}, "
+        f"api.push(api.open_local_store(sys.argv[1]), {version!r}, sys.argv[2], insecure={insecure}, "
         f"progress=Killer(), chunk={chunk})\n"
     )
     repo_root = Path(__file__).resolve().parents[2]

@@ -113,7 +113,7 @@ def test_chunked_push_killed_mid_way_then_repeated(tmp_path: Path, repo: str, mr
     assert missing.exit_code == 3, "no manifest: nothing a reader can mistake for complete"
     from registry import api
 
-    done = api.oci_push(api.open_local_store(tmp_path / "store"), "m@1", f"{repo}:v1", insecure=True,
+    done = api.push(api.open_local_store(tmp_path / "store"), "m@1", f"{repo}:v1", insecure=True,
                         chunk=128 << 10)
     assert not done.reused and done.uploaded_blobs >= 1
     assert ok(mreg("pull", f"{repo}:v1", "--insecure", "--json"))["files"] == 3

@@ -254,7 +254,7 @@ def test_as_image_chunked_and_into_an_archive(tmp_path: Path, repo: str, mreg: A
 
     _published(mreg, tmp_path, size=300_000)
     store = api.open_local_store(store_root)
-    out = api.oci_push(store, "m@1", f"oci://{repo}:c", insecure=True, chunk=100_000, as_image=True)
+    out = api.push(store, "m@1", f"oci://{repo}:c", insecure=True, chunk=100_000, as_image=True)
     layout = tmp_path / "copied"
     _skopeo("copy", "--preserve-digests", "--src-tls-verify=false", f"docker://{repo}:c", f"oci:{layout}:c")
     assert _unpack_layout(layout, "c")[1] == _version_files(store_root)

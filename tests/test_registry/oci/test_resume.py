@@ -66,7 +66,7 @@ def test_push_killed_mid_blob_resumes_that_blob(mreg: Any, tmp_path: Path, repo:
 
     from registry import api
 
-    done = api.oci_push(api.open_local_store(tmp_path / "store"), "m@1", f"{repo}:v1", insecure=True, chunk=CHUNK)
+    done = api.push(api.open_local_store(tmp_path / "store"), "m@1", f"{repo}:v1", insecure=True, chunk=CHUNK)
     assert done.resumed_bytes == confirmed
     # The config and config.json went whole before the kill; now the rest of the weights and mreg's manifest.
     own = (tmp_path / "store/models/m/versions/1/manifest.json").stat().st_size
@@ -120,7 +120,7 @@ def test_a_planted_session_is_never_followed_off_the_registry(mreg: Any, tmp_pat
     sessions._path(f"sha256:{config_json['sha256']}").write_text("{not json")
     from registry import api
 
-    done = api.oci_push(api.open_local_store(tmp_path / "store"), "m@1", f"{repo}:v1", insecure=True, chunk=CHUNK)
+    done = api.push(api.open_local_store(tmp_path / "store"), "m@1", f"{repo}:v1", insecure=True, chunk=CHUNK)
     assert done.resumed_bytes == 0 and not _sessions(tmp_path / "store")
     assert not list((tmp_path / "store/tmp/oci-uploads").glob("*.json"))
     assert ok(mreg("pull", f"{repo}:v1", "--insecure", "--cache-dir", tmp_path / "cache2", "--json"))["files"] == 2
@@ -148,7 +148,7 @@ def test_sigterm_stops_at_a_chunk_boundary_and_the_push_resumes(mreg: Any, tmp_p
         "store = api.open_local_store(sys.argv[1])\n"
         "with stop_on_signals(Output(False)) as stop:\n"
         "    try:\n"
-        f"        api.oci_push(store, 'm@1', sys.argv[2], insecure=True, progress=Terminator(), chunk={CHUNK},\n"
+        f"        api.push(store, 'm@1', sys.argv[2], insecure=True, progress=Terminator(), chunk={CHUNK},\n"
         "                     stop=stop)\n"
         "    except Interrupted as e:\n"
         "        print(e, file=sys.stderr); sys.exit(e.exit_code)\n"
@@ -178,7 +178,7 @@ def test_a_second_push_of_the_same_blob_does_not_share_the_first_ones_session(mr
     sessions = UploadSessions(tmp_path / "store/tmp/oci-uploads", repo.removeprefix("oci://"))
     with sessions.claim(f"sha256:{weights['sha256']}") as mine:  # as if the killed push were still running
         assert mine
-        done = api.oci_push(api.open_local_store(tmp_path / "store"), "m@1", f"{repo}:v1", insecure=True,
+        done = api.push(api.open_local_store(tmp_path / "store"), "m@1", f"{repo}:v1", insecure=True,
                             chunk=CHUNK)
         assert done.resumed_bytes == 0 and _sessions(tmp_path / "store") == [before]  # untouched
     assert ok(mreg("pull", f"{repo}:v1", "--insecure", "--cache-dir", tmp_path / "cache2", "--json"))["files"] == 2

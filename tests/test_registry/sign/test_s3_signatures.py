@@ -109,3 +109,76 @@ def test_a_remote_record_that_disagrees_with_its_key_is_refused(mreg: Any, model
     r = mreg("sync", remote, "m", "--store", node, "--json")
     assert r.exit_code == 4 and "not m@1" in r.json["error"]["message"]
     assert not (node / "models/m/production").exists() and not (tmp_path / "escape").exists()
+
+
+def test_a_watch_round_with_the_alias_unchanged_downloads_and_verifies_nothing(
+        mreg: Any, model_dir: Path, remote: str, tmp_path: Path, isolated: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Round 1 syncs (manifest, signatures, blobs; the signature verified), round 2 finds the alias record as it
+    was and reads only that, round 3 follows a promotion."""
+    import threading
+
+    from registry import api
+    from registry.release import aliases
+    from registry.store import s3_transfer
+    from registry.store.bucket import Bucket
+    from registry.store.local import LocalStore
+    from registry.store.s3 import S3Store
+
+    release, _ = write_key(tmp_path / "pki", "release")
+    for i in range(2):
+        (model_dir / "config.json").write_text(json.dumps({"i": i}))
+        ok(mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json"))
+        ok(mreg("sign", f"m@{i + 1}", "--key", release.private, "--json"))
+        ok(mreg("push", f"m@{i + 1}", remote, "--json"))
+    ok(mreg("promote", "m@1", "--store", remote, "--json"))
+    cfg = isolated / "home/.config/mreg/config.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(f'[trust]\nkeys = ["{release.public}"]\n')
+    trust = api.trust_policy(api.settings(), "m")
+
+    judged: list[str] = []
+    fetched: list[str] = []  # every GET or LIST but the alias records' (what a round reads to know it is unchanged)
+    real_judge, real_get, real_list = s3_transfer.judge, Bucket._get_object, Bucket.list_objects
+
+    def judge(*args: Any, **kwargs: Any) -> Any:
+        judged.append(args[0].signer)
+        return real_judge(*args, **kwargs)
+
+    def get_object(self: Bucket, key: str, *args: Any, **kwargs: Any) -> Any:
+        if "/aliases/" not in key:
+            fetched.append(key)
+        return real_get(self, key, *args, **kwargs)
+
+    def list_objects(self: Bucket, prefix: str, **kwargs: Any) -> Any:
+        fetched.append(prefix)
+        return real_list(self, prefix, **kwargs)
+
+    monkeypatch.setattr(s3_transfer, "judge", judge)
+    monkeypatch.setattr(Bucket, "_get_object", get_object)
+    monkeypatch.setattr(Bucket, "list_objects", list_objects)
+    rs, node = S3Store(remote), LocalStore(tmp_path / "node")
+    rounds: list[tuple[int, int]] = []
+
+    class Rounds(threading.Event):
+        """The watch's pause between rounds: counts what each round read; promotes m@2 after round 2."""
+
+        def wait(self, timeout: float | None = None) -> bool:
+            rounds.append((len(judged), len(fetched)))
+            if len(rounds) == 2:
+                monkeypatch.setattr(Bucket, "_get_object", real_get)  # the promotion's own reads are not the watch's
+                aliases.promote(rs, "m", rs.version("m", 2))
+                monkeypatch.setattr(Bucket, "_get_object", get_object)
+            if len(rounds) == 3:
+                self.set()
+            return self.is_set()
+
+    changes: list[int] = []
+    errors: list[Exception] = []
+    api.watch(node, rs, "m", alias="production", every=0, on_change=lambda o: changes.append(o.version),
+              stop=Rounds(), on_error=errors.append, trust=trust)
+    assert errors == [] and changes == [1, 2] and node.alias("m", "production") == 2
+    (j1, f1), (j2, f2), (j3, f3) = rounds
+    assert j1 == 1 and f1 > 0, "round 1 read the manifest, the signatures and the blobs, and verified"
+    assert (j2, f2) == (j1, f1), "round 2: the alias record unchanged, nothing downloaded, nothing verified"
+    assert j3 == 2 and f3 > f2, "round 3 follows the promotion"

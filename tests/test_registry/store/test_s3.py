@@ -27,7 +27,8 @@ from support.tiny_models import write_random_safetensors
 from registry import layout
 from registry.store.local import LocalStore
 from registry.store.s3 import S3Store
-from registry.store.transfer import push, sync
+from registry.store.s3_transfer import S3Source, push
+from registry.store.transfer import sync
 
 BUCKET = "mreg-test"
 TESTS = Path(__file__).resolve().parents[2]
@@ -351,8 +352,8 @@ def test_sync_is_idempotent_and_local_only_commands_refuse_s3(mreg: Any, model_d
                                                              tmp_path: Path) -> None:
     _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
     node = LocalStore(tmp_path / "node")
-    first = sync(S3Store(remote_url), "m", "production", node)
-    again = sync(S3Store(remote_url), "m", "production", node)
+    first = sync(S3Source(S3Store(remote_url), "m", "production"), node, "production")
+    again = sync(S3Source(S3Store(remote_url), "m", "production"), node, "production")
     assert first.changed and first.downloaded_blobs == 2 and not again.changed and again.downloaded_bytes == 0
     assert (node.root / "models/m/production/hf/config.json").read_text() == '{"i": 0}'
     r = mreg("mount-check", "m", "--store", remote_url)
@@ -447,8 +448,8 @@ def test_watch_reports_an_unreachable_store_and_keeps_following(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(remote, "sync", flaky)
-    remote.watch(S3Store(remote_url), "m", "production", LocalStore(tmp_path / "node"), 0.01,
-                 changes.append, stop, errors.append)
+    remote.watch(S3Source(S3Store(remote_url), "m", "production"), LocalStore(tmp_path / "node"), "production",
+                 0.01, changes.append, stop, errors.append)
     assert [type(e).__name__ for e in errors] == ["StoreUnreachable"] and len(rounds) == 2
     assert [c.version for c in changes] == [1]
 
@@ -530,3 +531,63 @@ def test_a_reload_hook_on_s3_is_told_the_alias_url(mreg: Any, model_dir: Path, r
     r = mreg("promote", "m@1", "--store", remote_url, "--reload", f'echo "$MREG_STORE $MREG_PATH" > {log}')
     assert r.exit_code == 0, r.stderr
     assert log.read_text().split() == [remote_url, f"{remote_url}/models/m/aliases/production.json"]
+
+
+def test_watch_puts_back_the_signal_handlers_it_replaced(mreg: Any, model_dir: Path, remote_url: str,
+                                                         tmp_path: Path) -> None:
+    """`sync --watch` in-process (a test runner, a pipeline): once SIGTERM stops it, SIGINT and SIGTERM go where
+    they went before."""
+    _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    original = signal.signal(signal.SIGTERM, lambda *_: None)  # a handler of the caller's own, not the default
+    before[signal.SIGTERM] = signal.getsignal(signal.SIGTERM)
+
+    def stop_once_installed() -> None:
+        deadline = time.monotonic() + 30
+        while signal.getsignal(signal.SIGTERM) is before[signal.SIGTERM] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=stop_once_installed)
+    killer.start()
+    try:
+        r = mreg("sync", remote_url, "m", "--store", tmp_path / "node", "--watch", "0.05", "--json")
+        killer.join()
+        assert r.exit_code == 0, r.stderr
+        assert {s: signal.getsignal(s) for s in before} == before
+    finally:
+        signal.signal(signal.SIGTERM, original)
+
+
+def test_push_and_sync_take_one_shape_for_every_remote(mreg: Any, model_dir: Path, remote_url: str,
+                                                       store_root: Path, tmp_path: Path) -> None:
+    """`api.push(store, version, remote)` and `api.sync(store, remote, name)` with the remote as a string, parsed
+    by `api.open_remote`; an option of the other kind of remote is refused before anything moves."""
+    from registry import api
+    from registry.errors import UsageError
+
+    _versions(mreg, model_dir, "m", 1)
+    local = api.open_local_store(store_root)
+    for bad in ({"as_image": True}, {"force": True}, {"base": "oci-layout:/x"}, {"chunk": 1 << 20}):
+        with pytest.raises(UsageError, match="for OCI destinations"):
+            api.push(local, "m@1", remote_url, **bad)
+    assert S3Store(remote_url).versions("m") == [], "nothing was pushed"
+    with pytest.raises(UsageError, match="for S3 stores"):
+        api.push(local, "m@1", f"oci-layout:{tmp_path / 'layout'}:1", verify_remote=True)
+    with pytest.raises(UsageError, match="not a remote"):
+        api.open_remote("ftp://host/models")
+    pushed = api.push(local, "m@1", remote_url)
+    assert (pushed.version.number, pushed.uploaded_blobs, pushed.tag) == (1, 2, None)
+    assert pushed.digest == pushed.version.manifest_sha256
+    api.promote(S3Store(remote_url), "m@1")
+    node = api.open_local_store(tmp_path / "node")
+    with pytest.raises(UsageError, match="NAME is required"):
+        api.sync(node, remote_url)
+    synced = api.sync(node, remote_url, "m")
+    assert (synced.name, synced.version, synced.changed, synced.digest) == ("m", 1, True, pushed.digest)
+    laid = api.push(local, "m@1", f"oci-layout:{tmp_path / 'layout'}:v1")
+    assert laid.tag == "v1" and laid.digest.startswith("sha256:") and laid.uploaded_blobs > 0
+    other = api.open_local_store(tmp_path / "other")
+    from_layout = api.sync(other, f"oci-layout:{tmp_path / 'layout'}:v1", alias="stable")
+    assert (from_layout.name, from_layout.version, from_layout.digest) == ("m", 1, laid.digest)
+    assert other.alias("m", "stable") == 1
