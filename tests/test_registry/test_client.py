@@ -37,6 +37,12 @@ def test_the_loop_listings_and_checks_on_one_object(tmp_path: Path, capsys: pyte
     assert [(e.action, e.to_version) for e in reg.history("m", alias="production")] == \
         [("promote", 1), ("promote", 2), ("rollback", 1)]
     assert [r.ok for r in reg.verify(all_versions=True)] == [True, True]
+    pushed = reg.push("m@2", f"oci-layout:{tmp_path / 'layout'}:v2")  # any remote, one shape (a layout: no server)
+    assert isinstance(pushed, client.PushOutcome) and pushed.tag == "v2" and pushed.digest.startswith("sha256:")
+    node = Registry(tmp_path / "node")
+    synced = node.sync(f"oci-layout:{tmp_path / 'layout'}:v2")
+    assert isinstance(synced, client.SyncOutcome) and (synced.name, synced.version) == ("m", 2)
+    assert node.resolve("m@production").path == str(tmp_path / "node" / "models" / "m" / "production" / "hf")
 
     assert capsys.readouterr() == ("", ""), "the library never prints"
     assert root.handlers == handlers and root.level == level and sys.stdout is stdout, "nor configures the process"
