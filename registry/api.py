@@ -51,7 +51,8 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.store.protocol import Store, Version
     from registry.store.s3 import S3Store
     from registry.store.signatures import SignatureResult
-    from registry.store.transfer import PushOutcome, Source, SyncOutcome
+    from registry.store.transfer import PushOutcome, SyncOutcome
+    from registry.store.transfer import Source as Remote
     from registry.store.trust import TrustPolicy
     from registry.store.verify import VerifyReport
 
@@ -711,7 +712,7 @@ def watch(store: LocalStore, remote: str | S3Store, name: str, *, alias: str = "
 
 
 def _source(remote: str | S3Store, name: str | None, alias: str, *, insecure: bool,
-            endpoint_url: str | None) -> Source:
+            endpoint_url: str | None) -> Remote:
     """What a sync reads: an S3 store's alias, or an OCI artifact."""
     from registry.oci import reference, transfer
     from registry.store.s3_transfer import S3Source
