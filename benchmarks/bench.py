@@ -198,8 +198,8 @@ def bench_s3(work: Path, results: dict[str, Any]) -> None:
     from support.s3_server import SeaweedS3
 
     from registry.store.s3 import S3Store
-    from registry.store.s3_transfer import S3Source, push
-    from registry.store.transfer import sync
+    from registry.store.s3_transfer import S3Sink, S3Source
+    from registry.store.transfer import push, sync
 
     src = build_padded_model(work / "src-s3", 2 * 10**9)
     store = LocalStore(work / "store-s3")
@@ -212,7 +212,7 @@ def bench_s3(work: Path, results: dict[str, Any]) -> None:
         client = server.client()
 
         def mreg_push(run: int) -> float:
-            return timed(lambda: push(store, version, S3Store(f"s3://bench/mreg{run}")))
+            return timed(lambda: push(S3Sink(S3Store(f"s3://bench/mreg{run}")), store, version))
 
         def s5_push(run: int) -> float:
             return sh(BIN / "s5cmd", "--endpoint-url", server.endpoint, "cp", f"{src}/", f"s3://bench/s5cmd{run}/",
@@ -229,8 +229,8 @@ def bench_s3(work: Path, results: dict[str, Any]) -> None:
                 times[{mreg_push: "mreg", s5_push: "s5cmd", boto_push: "boto3"}[fn]].append(fn(run))
         t_push, t_s5, t_boto = min(times["mreg"]), min(times["s5cmd"]), min(times["boto3"])
         remote = S3Store("s3://bench/mreg0")
-        t_repush = timed(lambda: push(store, version, remote))
-        repushed = push(store, version, remote)
+        t_repush = timed(lambda: push(S3Sink(remote), store, version))
+        repushed = push(S3Sink(remote), store, version)
         from registry.release import aliases
 
         aliases.promote(remote, "big", remote.version("big", 1))

@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # the heavy parts are imported by the functions that use them
     from registry.store.s3 import S3Store
     from registry.store.signatures import SignatureResult
     from registry.store.transfer import PushOutcome, SyncOutcome
-    from registry.store.transfer import Source as Remote
+    from registry.store.transfer import Source as RemoteSource
     from registry.store.trust import TrustPolicy
     from registry.store.verify import VerifyReport
 
@@ -640,14 +640,15 @@ def push(store: LocalStore, version: str | Version, remote: str | S3Store, *, pr
             raise UsageError("--verify-remote is for S3 stores", hint="a registry checks each blob's digest itself")
         return _push_oci(store, v, where, force=force, insecure=insecure, progress=progress, chunk=chunk,
                          as_image=as_image, base=base, stop=stop)
-    from registry.store.s3_transfer import push as run
+    from registry.store.s3_transfer import S3Sink
+    from registry.store.transfer import push as run
 
     given = [flag for flag, on in (("--force", force), ("--chunk", chunk is not None), ("--as-image", as_image),
                                    ("--base", base is not None)) if on]
     if given:
         raise UsageError(f"{', '.join(given)}: for OCI destinations (oci://, oci-layout:, oci-archive:), not "
                          f"{where.location}", hint="an S3 push numbers the version there; it has no tag to move")
-    return run(store, v, where, progress=progress, verify_remote=verify_remote)
+    return run(S3Sink(where, verify_remote=verify_remote), store, v, progress=progress)
 
 
 def _push_oci(store: LocalStore, v: Version, ref: OciRef | LayoutRef, *, force: bool, insecure: bool,
@@ -656,6 +657,7 @@ def _push_oci(store: LocalStore, v: Version, ref: OciRef | LayoutRef, *, force: 
     from registry import layout
     from registry.oci import reference, transfer
     from registry.oci.base import read_base
+    from registry.store.transfer import push as run
 
     if base is not None and not as_image:
         raise UsageError("--base is for --as-image", hint="add --as-image, or drop --base")
@@ -673,7 +675,9 @@ def _push_oci(store: LocalStore, v: Version, ref: OciRef | LayoutRef, *, force: 
                                       sessions=layout.oci_uploads_dir(store.root), stop=stop)
         try:
             tag = ref.tag or (f"{v.number}-image" if as_image else str(v.number))
-            return transfer.push(store, v, target, tag, force=force, progress=progress, as_image=as_image, base=image)
+            sink = transfer.OciSink.of(store, v, target, tag, force=force, progress=progress, as_image=as_image,
+                                       base=image)
+            return run(sink, store, v, progress=progress)
         finally:
             transfer.close_target(target)
     finally:
@@ -712,7 +716,7 @@ def watch(store: LocalStore, remote: str | S3Store, name: str, *, alias: str = "
 
 
 def _source(remote: str | S3Store, name: str | None, alias: str, *, insecure: bool,
-            endpoint_url: str | None) -> Remote:
+            endpoint_url: str | None) -> RemoteSource:
     """What a sync reads: an S3 store's alias, or an OCI artifact."""
     from registry.oci import reference, transfer
     from registry.store.s3_transfer import S3Source

@@ -105,7 +105,8 @@ def _make_remote(remote: S3Store, snapshot: Snapshot, name: str, key: str, plan:
                  progress: Progress, lease: Lease, config: dict[str, Any] | None) -> Version:
     """Build the version in a temporary local store, then push it: the push's own order (blobs, create-only
     manifest, key index) is what keeps a killed run from leaving a partial version in the bucket."""
-    from registry.store.s3_transfer import push
+    from registry.store.s3_transfer import S3Sink
+    from registry.store.transfer import push
 
     # $TMPDIR on the cache's filesystem makes the work store's copies of the source hard links. Named by host and
     # pid, so that the next run here removes what a killed one left.
@@ -118,7 +119,7 @@ def _make_remote(remote: S3Store, snapshot: Snapshot, name: str, key: str, plan:
         made = _make(local, snapshot, name, key, plan, [], None, copy=copy, progress=progress,
                      before_publish=lambda: None, config=config)
         lease.confirm()
-        return push(local, made, remote, progress=progress).version
+        return push(S3Sink(remote), local, made, progress=progress).version
     finally:
         atomic.remove_tree(work, root=tmp)
 

@@ -1,10 +1,11 @@
-"""Push a version to an OCI target, pull an artifact into the cache, offer one to the sync (`OciSource`).
+"""An OCI target as the other end of a transfer: a push's sink (`OciSink`), a sync's source (`OciSource`); and
+pull an artifact into the cache.
 
-Push: pack (pure) → the tag's current manifest (a different digest refused unless forced) →
-HEAD every blob, upload only the missing ones (streamed; chunked when large) → PUT the manifest
-→ the version's signature records, each a referrer of that manifest (`signatures`), those not
-listed yet. A killed push leaves only blobs no manifest names (or a model with fewer signatures);
-the next push sends what is missing.
+Push (`registry.store.transfer.push` to an `OciSink`): pack (pure) → the tag's current manifest (a
+different digest refused unless forced) → HEAD every blob, upload only the missing ones (streamed;
+chunked when large) → PUT the manifest → the version's signature records, each a referrer of that
+manifest (`signatures`), those not listed yet. A killed push leaves only blobs no manifest names
+(or a model with fewer signatures); the next push sends what is missing.
 
 Pull and sync: the manifest (its digest checked against the reference when it is one) → (sync) its
 signature referrers, judged against the trust policy of the model the mreg manifest layer names,
@@ -21,11 +22,12 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from manifests import Manifest
+from manifests import Manifest, SignatureRecord
 from registry import layout
 from registry.cache.imported import IncomingFile, import_files
 from registry.cache.plan import unsafe_reason
@@ -37,7 +39,7 @@ from registry.oci.archive import ArchiveTarget
 from registry.oci.base import BaseImage
 from registry.oci.image import pack_image
 from registry.oci.layout import LayoutTarget
-from registry.oci.pack import Blob, pack
+from registry.oci.pack import Blob, Packed, pack
 from registry.oci.reference import DIGEST, ArchiveRef, LayoutRef, OciRef
 from registry.oci.registry import RegistryTarget
 from registry.oci.signatures import admitted, push_signatures, read_signatures
@@ -76,49 +78,90 @@ def close_target(target: Target) -> None:
         close()
 
 
-def push(store: LocalStore, version: Version, target: Target, tag: str, *, force: bool = False,
-         progress: Progress | None = None, as_image: bool = False, base: BaseImage | None = None) -> PushOutcome:
-    """Publish a version under `tag` (as a ModelPack artifact, or a regular image, over `base` when given): missing
-    blobs first, the manifest last."""
-    progress = progress or NoProgress()
-    raw = (Path(version.path) / layout.MANIFEST).read_bytes()
-    packed = pack_image(store.root, version.manifest, raw, progress, base) if as_image else \
-        pack(version.manifest, raw)
-    current = target.get_manifest(tag)
-    records = store.signatures(version.name, version.number)
+class OciSink:
+    """An OCI target as a push sends to it (`registry.store.transfer.push`): the version packed (`packed`), each
+    missing blob streamed (chunked when large, resumed after an interruption), the manifest put under the tag;
+    a tag that names the same digest already is reused, one naming another is a Conflict unless forced."""
 
-    def send(b: Blob) -> None:  # a signature's blobs: a few kilobytes, not worth a progress line
-        _send_small(store, target, b, lambda _n: None)
+    #: A blob the registry has is checked against its digest there: a tag naming this digest is the whole artifact.
+    repairs = False
+    #: One blob at a time: a Ctrl-C stops the push at the next chunk, resumable.
+    workers = 1
 
-    if current is not None and current.digest == packed.digest:
-        return PushOutcome(version, packed.digest, True, 0, 0, len(packed.blobs), tag=tag,
-                           signatures=push_signatures(records, target, packed.manifest, send))
-    if current is not None and not force:
-        raise Conflict(f"{target.location}:{tag} already names {current.digest[:19]}…, not this version "
-                       f"({packed.digest[:19]}…)",
-                       hint="push under another tag, or pass --force to move the tag (readers of the old "
-                            "digest keep it; the tag is not compare-and-swap)")
-    missing = [b for b in packed.blobs if target.blob_size(b.digest) != b.size]
-    progress.start(f"pushing {version.name}@{version.number}", sum(b.size for b in missing))
-    resumed = 0
-    with uploads.pushing(store.root):  # gc leaves the upload sessions of a running push alone
-        for b in missing:
-            if b.source is not None:
-                resumed += target.upload_blob(b.digest, b.size, b.source, progress.advance)
-            elif b.data is not None:
-                resumed += _send_small(store, target, b, progress.advance)
-            else:
-                resumed += target.upload_blob(b.digest, b.size,
-                                              layout.blob_path(store.root, b.digest.split(":", 1)[1]),
-                                              progress.advance)
-        progress.done()
-        target.put_manifest(packed.manifest, media.OCI_MANIFEST, tag)
-        if isinstance(target, RegistryTarget) and target.sessions is not None:
-            target.sessions.clear()  # every blob is there now: what is left of this target is stale
-    sent = push_signatures(records, target, packed.manifest, send)
-    return PushOutcome(version, packed.digest, False, len(missing), sum(b.size for b in missing) - resumed,
-                       len(packed.blobs) - len(missing), signatures=sent, tag=tag,
-                       replaced=current.digest if current else None, resumed_bytes=resumed)
+    def __init__(self, store: LocalStore, target: Target, tag: str, packed: Packed, current: FetchedManifest | None,
+                 *, force: bool = False) -> None:
+        self.store, self.target, self.tag, self.packed, self.current, self.force = \
+            store, target, tag, packed, current, force
+        self.by_digest = {b.digest: b for b in packed.blobs}
+
+    @classmethod
+    def of(cls, store: LocalStore, version: Version, target: Target, tag: str, *, force: bool = False,
+           progress: Progress | None = None, as_image: bool = False, base: BaseImage | None = None) -> OciSink:
+        """The sink of a version's push under `tag`: packed as a ModelPack artifact, or a regular image (over `base`
+        when given), beside what the tag names now."""
+        raw = (Path(version.path) / layout.MANIFEST).read_bytes()
+        packed = pack_image(store.root, version.manifest, raw, progress or NoProgress(), base) if as_image else \
+            pack(version.manifest, raw)
+        return cls(store, target, tag, packed, target.get_manifest(tag), force=force)
+
+    def blobs(self, version: Version) -> dict[str, int]:
+        """The packed blobs (config first), by digest."""
+        return {b.digest: b.size for b in self.packed.blobs}
+
+    def existing(self, version: Version) -> tuple[Version, str] | None:
+        """The version, when the tag names its digest already; a Conflict when it names another, unless forced."""
+        current, packed = self.current, self.packed
+        if current is not None and current.digest == packed.digest:
+            return version, packed.digest
+        if current is not None and not self.force:
+            raise Conflict(f"{self.target.location}:{self.tag} already names {current.digest[:19]}…, not this version "
+                           f"({packed.digest[:19]}…)",
+                           hint="push under another tag, or pass --force to move the tag (readers of the old "
+                                "digest keep it; the tag is not compare-and-swap)")
+        return None
+
+    def sending(self, blobs: Iterable[str]) -> AbstractContextManager[None]:
+        """gc leaves the upload sessions of a running push alone."""
+        return uploads.pushing(self.store.root)
+
+    def sizes(self, blobs: list[str]) -> list[int | None]:
+        """Each blob's size at the target, one after another."""
+        return [self.target.blob_size(d) for d in blobs]
+
+    def damaged(self, present: dict[str, int], progress: Progress) -> list[str]:
+        """None: the target checks each blob's digest itself."""
+        return []
+
+    def send_blob(self, local: LocalStore, blob: str, advance: Callable[[int], None]) -> int:
+        """A layer from its source, a small blob made here through a file, a file's blob from the store."""
+        b = self.by_digest[blob]
+        if b.source is not None:
+            return self.target.upload_blob(b.digest, b.size, b.source, advance)
+        if b.data is not None:
+            return _send_small(local, self.target, b, advance)
+        return self.target.upload_blob(b.digest, b.size, layout.blob_path(local.root, b.digest.split(":", 1)[1]),
+                                       advance)
+
+    def publish(self, version: Version) -> tuple[Version, str]:
+        """The manifest under the tag; then the registry's upload sessions of this target are stale."""
+        self.target.put_manifest(self.packed.manifest, media.OCI_MANIFEST, self.tag)
+        if isinstance(self.target, RegistryTarget) and self.target.sessions is not None:
+            self.target.sessions.clear()  # every blob is there now: what is left of this target is stale
+        return version, self.packed.digest
+
+    def send_signatures(self, records: list[SignatureRecord], published: Version) -> int:
+        """Each record a referrer of the manifest, unless listed already."""
+
+        def send(b: Blob) -> None:  # a signature's blobs: a few kilobytes, not worth a progress line
+            _send_small(self.store, self.target, b, lambda _n: None)
+
+        return push_signatures(records, self.target, self.packed.manifest, send)
+
+    def outcome(self, common: PushOutcome) -> PushOutcome:
+        """The tag, and the digest it named before when the push moved it."""
+        current = self.current
+        moved = None if current is None or current.digest == self.packed.digest else current.digest
+        return replace(common, tag=self.tag, replaced=moved)
 
 
 def _send_small(store: LocalStore, target: Target, b: Blob, advance: Callable[[int], None]) -> int:

@@ -1,9 +1,10 @@
-"""An S3 store as the other end of a transfer: push a local version to it, sync an alias from it (`S3Source`).
+"""An S3 store as the other end of a transfer: a push's sink (`S3Sink`), a sync's source (`S3Source`).
 
-Push: lease → upload the blobs the remote lacks (checked by key and size, SHA-256 verified by the
-server; with verify_remote each present blob is also downloaded and hashed, and sent again if it
-fails) → create-only manifest → key index → drop the lease. A push killed anywhere leaves at most
-unreferenced blobs; the re-push uploads only what is missing.
+Push (`registry.store.transfer.push` to an `S3Sink`): lease → upload the blobs the remote lacks
+(checked by key and size, SHA-256 verified by the server; with verify_remote each present blob is
+also downloaded and hashed, and sent again if it fails) → create-only manifest → key index → drop
+the lease → the signature records. A push killed anywhere leaves at most unreferenced blobs; the
+re-push uploads only what is missing.
 
 Sync (`registry.store.transfer.sync` over an `S3Source`): alias record → manifest (its digest must
 match the record) → with a trust policy, the version's signatures judged against it → the shared
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 
-from manifests import AliasRecord, Manifest
+from manifests import AliasRecord, Manifest, SignatureRecord
 from registry import layout
 from registry.digest import sha256_file
 from registry.errors import GateRefused, IntegrityError, NotFound
-from registry.progress import NoProgress, Progress
+from registry.progress import Progress
 from registry.store.bucket import PreconditionFailed
 from registry.store.local import LocalStore
 from registry.store.parallel import parallel
@@ -34,69 +37,85 @@ MULTIPART_THRESHOLD = 64 << 20
 PART_SIZE = 32 << 20
 
 
-def push(local: LocalStore, version: Version, remote: S3Store, *, progress: Progress | None = None,
-         workers: int = 8, verify_remote: bool = False) -> PushOutcome:
-    """Copy a local version to the remote store; uploads only the blobs it lacks. With `verify_remote`, every
-    remote blob of the right size is also downloaded and hashed, and sent again when it fails its digest (a size
-    check cannot see bytes replaced by others of the same size)."""
-    progress = progress or NoProgress()
-    existing = remote.find_by_key(version.name, version.manifest.key)
-    files = {f.sha256: f.size for a in version.manifest.artifacts for f in a.files}
-    lease = remote.take_lease(sorted(files))
-    try:
-        # A remote blob of the wrong size (cut short, or replaced) is sent again: a re-push repairs it,
-        # also when the version is already there.
-        sizes = parallel(workers, lambda d: remote.size(remote.blob_key(d)), list(files))
-        missing = [d for d, size in zip(files, sizes, strict=True) if size != files[d]]
-        damaged: list[str] = []
-        if verify_remote:
-            present = [d for d in files if d not in missing]
-            progress.start(f"verifying {len(present)} remote blob(s)", sum(files[d] for d in present))
-            lock = threading.Lock()
+class S3Sink:
+    """An S3 store as a push sends to it (`registry.store.transfer.push`): blobs checked by key and size under a lease
+    on them (with verify_remote also downloaded and hashed), large ones sent in parts; the manifest written
+    create-only, which numbers the version there; a version with the same conversion key already there is reused."""
 
-            def counted(n: int) -> None:
-                with lock:
-                    progress.advance(n)
+    #: A re-push checks the blobs of a version already there and sends again those missing or cut short.
+    repairs = True
 
-            hashed = parallel(workers, lambda d: _remote_digest(remote, d, counted), present)
-            progress.done()
-            damaged = [d for d, actual in zip(present, hashed, strict=True) if actual != d]
-            missing += damaged
-        progress.start(f"pushing {version.name}@{version.number}", sum(files[d] for d in missing))
+    def __init__(self, remote: S3Store, *, workers: int = 8, verify_remote: bool = False) -> None:
+        self.remote, self.checkers, self.verify_remote = remote, workers, verify_remote
+        self.workers = max(1, workers // 4)  # a large blob is sent in parts, several at once
+
+    def blobs(self, version: Version) -> dict[str, int]:
+        """The version's files by sha256 (each the key of a blob)."""
+        return {f.sha256: f.size for a in version.manifest.artifacts for f in a.files}
+
+    def existing(self, version: Version) -> tuple[Version, str] | None:
+        """The remote version made by the same conversion (whatever its number there)."""
+        found = self.remote.find_by_key(version.name, version.manifest.key)
+        return (found, found.manifest_sha256) if found is not None else None
+
+    @contextmanager
+    def sending(self, blobs: Iterable[str]) -> Iterator[None]:
+        """A lease on the blobs, so that a gc of the bucket leaves them alone until the manifest names them."""
+        lease = self.remote.take_lease(sorted(blobs))
+        try:
+            yield
+        finally:
+            self.remote.delete(lease)
+
+    def sizes(self, blobs: list[str]) -> list[int | None]:
+        """Each blob's size in the bucket, read in parallel."""
+        return parallel(self.checkers, lambda d: self.remote.size(self.remote.blob_key(d)), blobs)
+
+    def damaged(self, present: dict[str, int], progress: Progress) -> list[str]:
+        """With verify_remote, the blobs of the right size whose bytes fail their digest (a size check cannot see
+        bytes replaced by others of the same size)."""
+        if not self.verify_remote:
+            return []
+        progress.start(f"verifying {len(present)} remote blob(s)", sum(present.values()))
         lock = threading.Lock()
 
-        def advance(n: int) -> None:
+        def counted(n: int) -> None:
             with lock:
                 progress.advance(n)
 
-        parallel(max(1, workers // 4), lambda d: _upload_blob(local, remote, d, advance), missing)
+        hashed = parallel(self.checkers, lambda d: _remote_digest(self.remote, d, counted), list(present))
         progress.done()
-        published = existing or remote.publish_manifest(version.manifest)
-    finally:
-        remote.delete(lease)
-    sent, left = _push_signatures(local, version, remote, published)
-    return PushOutcome(published, published.manifest_sha256, existing is not None, len(missing),
-                       sum(files[d] for d in missing), len(files) - len(missing), signatures=sent,
-                       repaired_blobs=len(damaged), verified_remote=verify_remote, signatures_left=left)
+        return [d for d, actual in zip(present, hashed, strict=True) if actual != d]
 
+    def send_blob(self, local: LocalStore, blob: str, advance: Callable[[int], None]) -> int:
+        """Upload one blob (nothing is resumed: 0)."""
+        _upload_blob(local, self.remote, blob, advance)
+        return 0
 
-def _push_signatures(local: LocalStore, version: Version, remote: S3Store, published: Version) -> tuple[int, int]:
-    """Send the version's signature records the remote lacks (create-only); (sent, left behind)."""
-    records = local.signatures(version.name, version.number)
-    if published.manifest_sha256 != version.manifest_sha256:
-        return 0, len(records)
-    have = set(remote.signature_keys(published.name, published.number))
-    sent = 0
-    for rec in records:
-        key = remote.signatures_prefix(published.name, published.number) + record_name(rec)
-        if key in have:
-            continue
-        try:
-            remote.put(key, record_bytes(rec), if_none_match=True)
-            sent += 1
-        except PreconditionFailed:
-            pass  # another push sent it first
-    return sent, 0
+    def publish(self, version: Version) -> tuple[Version, str]:
+        """The manifest, create-only: the version takes the next free number there."""
+        published = self.remote.publish_manifest(version.manifest)
+        return published, published.manifest_sha256
+
+    def send_signatures(self, records: list[SignatureRecord], published: Version) -> int:
+        """The records the remote lacks, each create-only."""
+        remote = self.remote
+        have = set(remote.signature_keys(published.name, published.number))
+        sent = 0
+        for rec in records:
+            key = remote.signatures_prefix(published.name, published.number) + record_name(rec)
+            if key in have:
+                continue
+            try:
+                remote.put(key, record_bytes(rec), if_none_match=True)
+                sent += 1
+            except PreconditionFailed:
+                pass  # another push sent it first
+        return sent
+
+    def outcome(self, common: PushOutcome) -> PushOutcome:
+        """Whether every remote blob already there was hashed."""
+        return replace(common, verified_remote=self.verify_remote)
 
 
 def _remote_digest(remote: S3Store, digest: str, advance: Callable[[int], None]) -> str | None:

@@ -1,5 +1,12 @@
-"""One transfer core: a version from a source (an S3 store's alias, an OCI artifact) into the local store; what a
-push to either did.
+"""One transfer core: a version pushed from the local store to a sink (an S3 store, an OCI target), and a
+version synced from a source (an S3 store's alias, an OCI artifact) into the local store.
+
+Push: the blobs that make the version at the sink → the version already there (reused: not published
+again; S3 still checks its blobs, and a tag naming another digest is a Conflict for OCI unless forced)
+→ the blobs the sink lacks, by size (S3 with verify_remote: also those whose bytes fail their digest)
+→ each sent → the manifest published last → the signature records the sink lacks, when the version
+there has the local manifest's bytes (a signature covers them). A killed push leaves at most blobs
+no manifest names; the next one sends only what is missing.
 
 Sync: the source's offer (its manifest checked against where it was read from; with a trust policy,
 the version's signatures judged against it: none valid, refused, nothing downloaded) → have it
@@ -11,13 +18,15 @@ the canary alias beside it. A corrupt blob fails the sync before anything become
 Watch: a sync every round, except when the source's head (what it names, read cheaply) and the
 local alias are as the last synced round left them: then nothing else is read.
 
-The sources are `registry.store.s3_transfer.S3Source` and `registry.oci.transfer.OciSource`.
+The sinks are `registry.store.s3_transfer.S3Sink` and `registry.oci.transfer.OciSink`, the sources
+`registry.store.s3_transfer.S3Source` and `registry.oci.transfer.OciSource`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -60,6 +69,87 @@ class PushOutcome:
     replaced: str | None = None
     #: OCI: bytes of `uploaded_bytes`' blobs not sent again: the registry had them from an interrupted upload.
     resumed_bytes: int = 0
+
+
+class Sink(Protocol):
+    """Where a push sends a version (an S3 store, an OCI target): the blobs that make it there, what is there
+    already, each missing blob sent, the manifest published, the signature records sent."""
+
+    #: How many blobs may be sent at once.
+    workers: int
+    #: Whether the blobs of a version already there are still checked, and those missing sent (S3: a re-push repairs
+    #: a damaged bucket; OCI: the tag names the same digest, so the artifact is whole).
+    repairs: bool
+
+    def blobs(self, version: Version) -> dict[str, int]:
+        """The blobs that make the version at the sink, by the name the sink gives each, with their sizes."""
+
+    def existing(self, version: Version) -> tuple[Version, str] | None:
+        """The version already there (reused, not published again) and what names it, or None; a Conflict when the
+        place it would take holds another (OCI: a tag naming another digest, unless forced)."""
+
+    def sending(self, blobs: Iterable[str]) -> AbstractContextManager[object]:
+        """Held while blobs are checked and sent and the manifest published (S3: a lease on the blobs; OCI: the
+        upload sessions kept from gc)."""
+
+    def sizes(self, blobs: list[str]) -> list[int | None]:
+        """The size of each blob at the sink (None: it has none)."""
+
+    def damaged(self, present: dict[str, int], progress: Progress) -> list[str]:
+        """Of the blobs there with the right size, those whose bytes fail their digest (S3 with verify_remote: each
+        downloaded and hashed; otherwise none)."""
+
+    def send_blob(self, local: LocalStore, blob: str, advance: Callable[[int], None]) -> int:
+        """Send one blob from the local store; returns the bytes the sink already had from an interrupted upload."""
+
+    def publish(self, version: Version) -> tuple[Version, str]:
+        """Publish the manifest, after every blob: the version as numbered there, and what names it."""
+
+    def send_signatures(self, records: list[SignatureRecord], published: Version) -> int:
+        """Send the signature records the sink lacks; returns how many were sent."""
+
+    def outcome(self, common: PushOutcome) -> PushOutcome:
+        """The outcome the core built, with what only this sink tells (S3: verified_remote; OCI: the tag, the digest
+        it named before)."""
+
+
+def push(sink: Sink, local: LocalStore, version: Version, *, progress: Progress | None = None) -> PushOutcome:
+    """Copy a local version to a sink: what is there already is reused, only the blobs it lacks are sent, the
+    manifest is published last, then the signature records it lacks."""
+    progress = progress or NoProgress()
+    blobs = sink.blobs(version)
+    there = sink.existing(version)
+    missing: list[str] = []
+    damaged: list[str] = []
+    resumed = 0
+    if there is None or sink.repairs:
+        with sink.sending(blobs):
+            # A blob of the wrong size (cut short, or replaced) is sent again.
+            sizes = sink.sizes(list(blobs))
+            missing = [b for b, size in zip(blobs, sizes, strict=True) if size != blobs[b]]
+            absent = set(missing)
+            damaged = sink.damaged({b: n for b, n in blobs.items() if b not in absent}, progress)
+            missing += damaged
+            progress.start(f"pushing {version.name}@{version.number}", sum(blobs[b] for b in missing))
+            lock = threading.Lock()
+
+            def advance(n: int) -> None:
+                with lock:
+                    progress.advance(n)
+
+            resumed = sum(parallel(sink.workers, lambda b: sink.send_blob(local, b, advance), missing))
+            progress.done()
+            published = there or sink.publish(version)
+    else:
+        published = there
+    records = local.signatures(version.name, version.number)
+    # A signature covers the manifest's bytes, which carry the number: a version numbered otherwise there keeps none.
+    same = published[0].manifest_sha256 == version.manifest_sha256
+    sent = sink.send_signatures(records, published[0]) if same else 0
+    return sink.outcome(PushOutcome(published[0], published[1], there is not None, len(missing),
+                                    sum(blobs[b] for b in missing) - resumed, len(blobs) - len(missing),
+                                    signatures=sent, repaired_blobs=len(damaged),
+                                    signatures_left=0 if same else len(records), resumed_bytes=resumed))
 
 
 #: The trust policy of a model, by its name (a sync from OCI learns the name from the artifact).

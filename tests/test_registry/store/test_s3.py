@@ -27,8 +27,8 @@ from support.tiny_models import write_random_safetensors
 from registry import layout
 from registry.store.local import LocalStore
 from registry.store.s3 import S3Store
-from registry.store.s3_transfer import S3Source, push
-from registry.store.transfer import sync
+from registry.store.s3_transfer import S3Sink, S3Source
+from registry.store.transfer import push, sync
 
 BUCKET = "mreg-test"
 TESTS = Path(__file__).resolve().parents[2]
@@ -361,8 +361,8 @@ def test_sync_is_idempotent_and_local_only_commands_refuse_s3(mreg: Any, model_d
     again_here = mreg("convert", model_dir, "--to", "hf", "--name", "m", "--store", remote_url, "--json")
     assert again_here.exit_code == 0 and again_here.json["reused"] and again_here.json["version"] == 1, \
         "a conversion into the S3 store finds the pushed version by its key"
-    assert push(LocalStore(Path(os.environ["MREG_STORE"])), LocalStore(Path(os.environ["MREG_STORE"])).version(
-        "m", 1), S3Store(remote_url)).reused
+    local = LocalStore(Path(os.environ["MREG_STORE"]))
+    assert push(S3Sink(S3Store(remote_url)), local, local.version("m", 1)).reused
 
 
 def test_a_lost_race_through_the_cli_exits_5(mreg: Any, model_dir: Path, remote_url: str,
@@ -560,12 +560,23 @@ def test_watch_puts_back_the_signal_handlers_it_replaced(mreg: Any, model_dir: P
 
 
 def test_push_and_sync_take_one_shape_for_every_remote(mreg: Any, model_dir: Path, remote_url: str,
-                                                       store_root: Path, tmp_path: Path) -> None:
+                                                       store_root: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """`api.push(store, version, remote)` and `api.sync(store, remote, name)` with the remote as a string, parsed
-    by `api.open_remote`; an option of the other kind of remote is refused before anything moves."""
+    by `api.open_remote`; an option of the other kind of remote is refused before anything moves. Both pushes go
+    through the one push core, each with its sink."""
     from registry import api
     from registry.errors import UsageError
+    from registry.store import transfer
 
+    sinks: list[str] = []
+    core = transfer.push
+
+    def spy(sink: Any, *args: Any, **kwargs: Any) -> transfer.PushOutcome:
+        sinks.append(type(sink).__name__)
+        return core(sink, *args, **kwargs)
+
+    monkeypatch.setattr(transfer, "push", spy)
     _versions(mreg, model_dir, "m", 1)
     local = api.open_local_store(store_root)
     for bad in ({"as_image": True}, {"force": True}, {"base": "oci-layout:/x"}, {"chunk": 1 << 20}):
@@ -591,3 +602,4 @@ def test_push_and_sync_take_one_shape_for_every_remote(mreg: Any, model_dir: Pat
     from_layout = api.sync(other, f"oci-layout:{tmp_path / 'layout'}:v1", alias="stable")
     assert (from_layout.name, from_layout.version, from_layout.digest) == ("m", 1, laid.digest)
     assert other.alias("m", "stable") == 1
+    assert sinks == ["S3Sink", "OciSink"]
