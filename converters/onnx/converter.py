@@ -208,7 +208,7 @@ class ONNXConverter(ConverterBase):
         check_configs(sources, request.configs_read)
         # transformers builds every layer the config names before it reads a weight.
         check_sizes(sources, request.configs_read)
-        config = ex.read_config(directory)
+        config = request.config if request.config is not None else ex.read_config(directory)
         task = ex.classify(config)
         if opts["with_past"] and task != "text-generation":
             raise ex.UnsupportedModel("with-past applies to decoder LLMs only", hint="drop with-past for an encoder")
@@ -223,7 +223,7 @@ class ONNXConverter(ConverterBase):
         with _stage(progress, "loading the model"):
             # Every source value, not only those the probes reach (an unused embedding row, say).
             source = weights.scan(tensors)
-            model, tokenizer = ex.load(directory, task, half)
+            model, tokenizer = ex.load(directory, task, half, config)
             rounded = upcast.nonfinite(model) if half else {}
             sig = ex.signature(model, tokenizer, task, opts["with_past"])
             probe = onnx_verify.probes(model, tokenizer, sig)

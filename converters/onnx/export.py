@@ -86,15 +86,15 @@ def classify(config: dict[str, Any]) -> Task:
     )
 
 
-def load(directory: Path, task: Task, half: bool = False) -> tuple[Any, Any]:
+def load(directory: Path, task: Task, half: bool = False, config: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """Load the model in float32, or float16 with `half` (eval mode, SDPA attention where the family has it), and
-    its tokenizer, from local files only."""
+    its tokenizer, from local files only (`config`: config.json when the caller has read it)."""
     import torch
     import transformers
 
     cls = transformers.AutoModelForCausalLM if task == "text-generation" else transformers.AutoModel
     with quiet():
-        model_type = json.loads((directory / "config.json").read_text()).get("model_type")
+        model_type = (config if config is not None else read_config(directory)).get("model_type")
         attention = "eager" if model_type in EAGER_TYPES else "sdpa"
         model = cls.from_pretrained(directory, dtype=torch.float16 if half else torch.float32,
                                     attn_implementation=attention, local_files_only=True)

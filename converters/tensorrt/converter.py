@@ -13,6 +13,8 @@
     version-compatible              plans that load on later TensorRT versions (VERSION_COMPATIBLE)
 
 e.g. `--to tensorrt:target=sm_86+sm_89,precision=fp16,shapes=input_ids=1x1:1x128:8x512;attention_mask=1x1:1x128:8x512`.
+`mreg convert`'s --backend, --target, --shapes and --precision set the same options, read as their keys are
+(`--target sm_86,sm_89 --shapes input_ids=…,attention_mask=…`: commas where the spec has `+` and `;`).
 The tree is `<backend>-<sm>-<trt version>-<precision>/model.plan` + `engine.json` (its binding) per
 target. The version's ONNX artifact is made first (default options) when it has none. Full TensorRT
 keeps its timing cache in `<store>/caches/tensorrt/` per backend, version, target and GPU; TensorRT
@@ -22,11 +24,11 @@ for RTX times no kernels ahead of time (its timing-cache calls are no-ops), so i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -71,9 +73,10 @@ def _shape(text: str, where: str) -> list[int]:
 
 
 def parse_shapes(text: str) -> dict[str, list[list[int]]]:
-    """`input_ids=1x1:1x128:8x512;mask=…` -> {name: [min, opt, max]}; min <= opt <= max per dimension."""
+    """`input_ids=1x1:1x128:8x512;mask=…` -> {name: [min, opt, max]}; min <= opt <= max per dimension. Entries are
+    `;`-separated in a spec (whose options a comma separates) and may be `,`-separated in `--shapes`."""
     out: dict[str, list[list[int]]] = {}
-    for item in filter(None, (s.strip() for s in text.split(";"))):
+    for item in filter(None, (s.strip() for s in re.split("[;,]", text))):
         name, eq, ranges = item.partition("=")
         parts = ranges.split(":")
         if not eq or not name or len(parts) != 3:
@@ -87,10 +90,36 @@ def parse_shapes(text: str) -> dict[str, list[list[int]]]:
     return dict(sorted(out.items()))
 
 
-def parse_spec(spec: str) -> Options:
-    """The spec as given, normalized: targets sorted and spelled `sm_86`; unknown or repeated keys refused."""
-    opts: dict[str, Any] = {"backend": "tensorrt-rtx", "targets": [], "precision": "fp32", "shapes": {},
-                            "hardware_compatibility": "none", "version_compatible": False}
+def _targets(text: str) -> list[str]:
+    """`sm_89+8.6` (a spec's target=) or `sm_89,8.6` (`--target`) -> `["sm_86", "sm_89"]`."""
+    return sorted({normalize_target(t) for part in text.split(",") for t in part.strip().split("+") if t.strip()},
+                  key=lambda t: int(t[3:]))
+
+
+#: The spec's key for each field that a flag of `mreg convert` sets (--backend, --target, --shapes, --precision).
+_FLAG_KEYS = {"backend": "backend", "targets": "target", "shapes": "shapes", "precision": "precision"}
+
+
+def _option(key: str, value: str, token: str) -> tuple[str, Any]:
+    """One `key=value` of the spec (or the flag of that name, `--target` for target=) as the field it sets and
+    its normalized value; `token` is what the user wrote, for the refusal."""
+    if key == "backend" and value in BACKENDS:
+        return "backend", value
+    if key == "target":
+        return "targets", _targets(value)
+    if key == "precision" and value in ("fp32", "fp16"):
+        return "precision", value
+    if key == "shapes":
+        return "shapes", parse_shapes(value)
+    if key == "hwcompat" and value in HARDWARE:
+        return "hardware_compatibility", value
+    raise UsageError(f"bad --to tensorrt option {token!r}", hint=GRAMMAR)
+
+
+def _given(spec: str) -> dict[str, Any]:
+    """The options the spec sets, normalized (targets sorted and spelled `sm_86`); unknown or repeated keys
+    refused."""
+    opts: dict[str, Any] = {}
     seen: set[str] = set()
     for raw in spec.split(","):
         token = raw.strip()
@@ -105,34 +134,53 @@ def parse_spec(spec: str) -> Options:
             opts["version_compatible"] = True
         elif not eq:
             raise UsageError(f"unknown --to tensorrt option {token!r}", hint=GRAMMAR)
-        elif key == "backend" and value in BACKENDS:
-            opts["backend"] = value
-        elif key == "target":
-            opts["targets"] = sorted({normalize_target(t) for t in value.split("+") if t.strip()},
-                                     key=lambda t: int(t[3:]))
-        elif key == "precision" and value in ("fp32", "fp16"):
-            opts["precision"] = value
-        elif key == "shapes":
-            opts["shapes"] = parse_shapes(value)
-        elif key == "hwcompat" and value in HARDWARE:
-            opts["hardware_compatibility"] = value
         else:
-            raise UsageError(f"bad --to tensorrt option {token!r}", hint=GRAMMAR)
+            field, normalized = _option(key, value, token)
+            opts[field] = normalized
     return opts
 
 
-@dataclass(frozen=True)
+def _with_defaults(given: Mapping[str, Any]) -> Options:
+    """The options given, and the defaults of those left out (no targets: the local GPU's, found when prepared; no
+    shapes: from the graph's dynamic axes)."""
+    return {"backend": "tensorrt-rtx", "targets": [], "precision": "fp32", "shapes": {},
+            "hardware_compatibility": "none", "version_compatible": False, **given}
+
+
+def parse_spec(spec: str) -> Options:
+    """The spec as given, normalized: targets sorted and spelled `sm_86`; unknown or repeated keys refused."""
+    return _with_defaults(_given(spec))
+
+
+@dataclasses.dataclass(frozen=True)
 class TensorRTOptions:
-    """`--to tensorrt:target=sm_86+sm_89,precision=fp16` typed (what `parse_spec` reads); no targets: the local
-    GPU's, found when the options are prepared."""
+    """`--to tensorrt:target=sm_86+sm_89,precision=fp16` typed (what `parse_spec` reads), or what the CLI's flags
+    set; None: not given, the default filled when prepared (no targets: the local GPU's)."""
 
     format: ClassVar[str] = "tensorrt"
-    backend: str = "tensorrt-rtx"
-    targets: tuple[str, ...] = ()
-    precision: str = "fp32"
+    backend: str | None = None
+    targets: tuple[str, ...] | None = None
+    precision: str | None = None
     shapes: Mapping[str, list[list[int]]] | None = None
-    hardware_compatibility: str = "none"
+    hardware_compatibility: str | None = None
     version_compatible: bool = False
+
+    def spec(self) -> str:
+        """The string form (`target=sm_86+sm_89,precision=fp16`), for messages."""
+        shapes = ";".join(f"{name}={':'.join('x'.join(map(str, dims)) for dims in ranges)}"
+                          for name, ranges in (self.shapes or {}).items())
+        return ",".join(part for part in (
+            f"backend={self.backend}" if self.backend is not None else "",
+            f"target={'+'.join(self.targets)}" if self.targets is not None else "",
+            f"shapes={shapes}" if self.shapes is not None else "",
+            f"precision={self.precision}" if self.precision is not None else "",
+            f"hwcompat={self.hardware_compatibility}" if self.hardware_compatibility is not None else "",
+            "version-compatible" if self.version_compatible else "") if part)
+
+
+def _typed(given: Mapping[str, Any]) -> TensorRTOptions:
+    """The fields `_given` or `_option` read as the typed options (targets a tuple)."""
+    return TensorRTOptions(**{**given, **({"targets": tuple(given["targets"])} if "targets" in given else {})})
 
 
 def finish_options(opts: dict[str, Any]) -> dict[str, Any]:
@@ -172,16 +220,29 @@ class TensorRTConverter(ConverterBase):
 
     def parse(self, raw: RawOptions) -> TensorRTOptions:
         """`{"spec": "target=sm_86,precision=fp16"}` -> `TensorRTOptions(targets=("sm_86",), precision="fp16")`."""
-        opts = parse_spec(spec_of("tensorrt", raw, GRAMMAR))
-        return TensorRTOptions(**{**opts, "targets": tuple(opts["targets"])})
+        return _typed(_given(spec_of("tensorrt", raw, GRAMMAR)))
+
+    def apply_flags(self, options: TargetOptions, fields: Mapping[str, Any]) -> TensorRTOptions:
+        """--backend, --target, --shapes and --precision (their text, by the field each sets) read as the spec's
+        key of that name is (one grammar: `--target sm_86,sm_89` as `target=sm_86+sm_89`); a key the spec sets
+        too is refused, as a key the spec gives twice is."""
+        assert isinstance(options, TensorRTOptions)
+        flags = _typed(dict(_option(_FLAG_KEYS[name], text, f"{_FLAG_KEYS[name]}={text}")
+                            for name, text in fields.items()))
+        for name in fields:
+            if getattr(options, name) is not None:
+                raise UsageError(f"--to tensorrt:{','.join(filter(None, (options.spec(), flags.spec())))} sets "
+                                 f"{_FLAG_KEYS[name]} twice", hint=GRAMMAR)
+        return dataclasses.replace(options, **{name: getattr(flags, name) for name in fields})
 
     def prepare(self, options: TargetOptions) -> Prepared:
-        """The normalized options (part of the conversion key): targets filled from the local GPU, checked."""
+        """The normalized options (part of the conversion key): defaults for what is not given, targets filled
+        from the local GPU, checked."""
         assert isinstance(options, TensorRTOptions)
-        return Prepared(self.format, finish_options({
-            "backend": options.backend, "targets": list(options.targets), "precision": options.precision,
-            "shapes": dict(options.shapes or {}), "hardware_compatibility": options.hardware_compatibility,
-            "version_compatible": options.version_compatible}))
+        given = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
+                 if getattr(options, f.name) is not None}
+        return Prepared(self.format, finish_options(_with_defaults({
+            **given, "targets": list(options.targets or ()), "shapes": dict(options.shapes or {})})))
 
     def tool_versions(self) -> dict[str, str]:
         """Versions of both backends' packages where installed (metadata only), and the fp16 converter's."""

@@ -26,13 +26,12 @@ if TYPE_CHECKING:
     from registry.convert.once import Waiting
 
 
-def _tensorrt_tokens(backend: str | None, target: str | None, shapes: str | None, precision: str | None) -> list[str]:
-    """--backend/--target/--shapes/--precision as `--to tensorrt:` spec tokens."""
-    return [t for t in (
-        f"backend={backend}" if backend else "",
-        "target=" + "+".join(x.strip() for x in target.split(",") if x.strip()) if target else "",
-        "shapes=" + ";".join(x.strip() for x in shapes.split(",") if x.strip()) if shapes else "",
-        f"precision={precision}" if precision else "") if t]
+def _tensorrt_fields(backend: str | None, target: str | None, shapes: str | None,
+                     precision: str | None) -> dict[str, str]:
+    """--backend/--target/--shapes/--precision as given, by the field of the TensorRT options each sets (the
+    converter reads them as it reads its spec's keys)."""
+    fields = {"backend": backend, "targets": target, "shapes": shapes, "precision": precision}
+    return {k: v for k, v in fields.items() if v}
 
 
 def _gguf_fields(budget: str | None, evaluation: str | None, eval_tokens: int | None, calibration: str | None,
@@ -149,14 +148,13 @@ def convert_cmd(source: str | None, matrix_path: str | None, item: int | None, a
     them) is converted into the matrix's store: this is what each task of an emitted CI matrix,
     Kubernetes Job or Argo Workflow runs.
     """
-    from registry.convert.plan import parse_target, typed, with_flags, with_spec_flags
+    from registry.convert.plan import with_flags
 
     src, targets, name, store, index = _matrix_item(matrix_path, item, among, source, targets, name, store)
-    spelled = with_spec_flags([parse_target(t) for t in targets], "tensorrt",
-                              _tensorrt_tokens(backend, trt_target, shapes, precision),
-                              "--backend, --target, --shapes and --precision")
-    options = with_flags([typed(t) for t in spelled], "gguf", _gguf_fields(budget, evaluation, eval_tokens,
-                                                                           calibration, calibration_ctx, imatrix_file),
+    options = with_flags(targets, "tensorrt", _tensorrt_fields(backend, trt_target, shapes, precision),
+                         "--backend, --target, --shapes and --precision")
+    options = with_flags(options, "gguf", _gguf_fields(budget, evaluation, eval_tokens, calibration, calibration_ctx,
+                                                       imatrix_file),
                          "--budget, --evaluation, --eval-tokens, --calibration, --calibration-ctx and --imatrix")
     parsed = api.prepare_targets(options)  # bad targets or options are refused before any download, files read once
     settings = settings_for(config_path, cache_dir, store)

@@ -6,7 +6,6 @@ tool versions): the same conversion run again finds its version instead of redoi
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -84,28 +83,21 @@ def with_prerequisites(targets: Sequence[Prepared], carried: set[str]) -> list[P
     return plan
 
 
-def with_spec_flags(targets: list[Target], fmt: str, tokens: Sequence[str],
-                    flags: str) -> list[Target]:
-    """Fold `key=value` tokens given as separate flags into the spec of every `--to fmt` target."""
-    if not tokens:
-        return targets
-    if not any(f == fmt for f, _ in targets):
-        raise UsageError(f"{flags} go with --to {fmt}", hint=f"add --to {fmt}, or drop those options")
-    return [(f, {"spec": ",".join(filter(None, [opts.get("spec", ""), *tokens]))} if f == fmt else opts)
-            for f, opts in targets]
-
-
-def with_flags(targets: Sequence[TargetOptions], fmt: str, fields: Mapping[str, Any],
+def with_flags(targets: Sequence[str | Target | TargetOptions], fmt: str, fields: Mapping[str, Any],
                flags: str) -> list[TargetOptions]:
-    """Set what typed flags give on the options of every `--to fmt` target: a flag wins over the spec, a tuple
-    (gguf's budget) adds to it."""
-    if not fields:
-        return list(targets)
-    if not any(t.format == fmt for t in targets):
+    """Every target typed, with what typed flags give set on the options of every `--to fmt` target by its
+    converter (`apply_flags`); flags without such a target are refused first."""
+    if fields and not any(_format(t) == fmt for t in targets):
         raise UsageError(f"{flags} go with --to {fmt}", hint=f"add --to {fmt}, or drop those options")
-    options: list[Any] = list(targets)  # the converters' frozen dataclasses
-    return [dataclasses.replace(t, **{k: (*getattr(t, k), *v) if isinstance(v, tuple) else v
-                                      for k, v in fields.items()}) if t.format == fmt else t for t in options]
+    out = [typed(t) for t in targets]
+    return [formats.get(fmt).apply_flags(t, fields) if fields and t.format == fmt else t for t in out]
+
+
+def _format(target: str | Target | TargetOptions) -> str:
+    """A target's format, its spec unread."""
+    if isinstance(target, str):
+        return parse_target(target)[0]
+    return target[0] if isinstance(target, tuple) else target.format
 
 
 def parse_target(text: str) -> Target:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -174,6 +174,10 @@ class Converter(Protocol):
     def parse(self, raw: RawOptions) -> TargetOptions:
         """The string form (`--to FMT:SPEC`) as this converter's typed options; nothing is read yet."""
 
+    def apply_flags(self, options: TargetOptions, fields: Mapping[str, Any]) -> TargetOptions:
+        """`options` (parsed from `--to FMT:SPEC`) with the fields the CLI's typed flags set, as the flags give
+        them."""
+
     def prepare(self, options: TargetOptions) -> Prepared:
         """Check and normalize typed options, reading (and hashing) the files they name once."""
 
@@ -220,6 +224,13 @@ class ConverterBase:
     def parse(self, raw: RawOptions) -> TargetOptions:
         """Read by each converter."""
         raise NotImplementedError
+
+    def apply_flags(self, options: TargetOptions, fields: Mapping[str, Any]) -> TargetOptions:
+        """A flag wins over the spec; a tuple (gguf's budget) adds to it."""
+        typed: Any = options  # the converters' frozen dataclasses
+        flagged: TargetOptions = replace(typed, **{k: (*getattr(typed, k), *v) if isinstance(v, tuple) else v
+                                                   for k, v in fields.items()})
+        return flagged
 
     def prepare(self, options: TargetOptions) -> Prepared:
         """Checked by each converter."""

@@ -32,7 +32,8 @@ def test_fp16_exports_from_a_float16_model_and_generates(kind: str, mreg: Any, s
     loaded: list[bool] = []
     real = ex.load
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ex, "load", lambda d, task, half=False: loaded.append(half) or real(d, task, half))
+        mp.setattr(ex, "load", lambda d, task, half=False, config=None:
+                   loaded.append(half) or real(d, task, half, config))
         doc = convert(mreg, tiny_model(kind), "onnx:fp16,with-past")
     assert loaded == [True], "loaded once, in float16"
     art, tree = artifact(store_root, "m", doc["version"], "onnx")

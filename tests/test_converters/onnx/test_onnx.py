@@ -163,11 +163,16 @@ def bert(tmp_path: Path) -> Path:
 
 
 @needs_onnx
-def test_encoder_exports_verifies_and_is_reused(mreg: Any, bert: Path, store_root: Path) -> None:
+def test_encoder_exports_verifies_and_is_reused(mreg: Any, bert: Path, store_root: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
     import onnx
     import onnxruntime as ort
 
+    from converters.onnx import export
+
+    # config.json travels in the request (read once per convert): the converter does not read it again.
+    monkeypatch.setattr(export, "read_config", lambda directory: pytest.fail(f"{directory}/config.json read again"))
     threshold = gc.get_threshold()
     doc = convert(mreg, bert, "onnx")
     assert doc["verification"] == {"onnx": "passed"} and doc["reused"] is False

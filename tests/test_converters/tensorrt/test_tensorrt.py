@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -56,6 +57,26 @@ def test_spec_normalizes_targets_shapes_and_flags() -> None:
                     "shapes": {"attention_mask": [[1, 1], [1, 64], [4, 128]], "input_ids": [[1, 1], [1, 64], [4, 128]]},
                     "hardware_compatibility": "none", "version_compatible": True}
     assert CONVERTER.options({"spec": "target=sm_89+sm_86"}) == CONVERTER.options({"spec": "target=sm_86+sm_89"})
+    typed = CONVERTER.parse({"spec": "backend=tensorrt-rtx,shapes=input_ids=1x1:1x64:4x128,target=8.9+sm86,"
+                                     "version-compatible,hwcompat=none,precision=fp16"})
+    assert CONVERTER.parse({"spec": typed.spec()}) == typed  # the form messages quote reads back as it was
+
+
+@pytest.mark.parametrize(("spec", "fields", "message"), [
+    ("target=sm_86", {"targets": "sm_89"}, "--to tensorrt:target=sm_86,target=sm_89 sets target twice"),
+    ("precision=fp32,target=sm_86", {"precision": "fp32", "targets": "sm_86"},
+     "--to tensorrt:target=sm_86,precision=fp32,target=sm_86,precision=fp32 sets precision twice"),
+    ("shapes=a=1:2:3", {"shapes": "a=1:2:3, b=1:1:1"},
+     "--to tensorrt:shapes=a=1:2:3,shapes=a=1:2:3;b=1:1:1 sets shapes twice"),
+    ("", {"shapes": "input_ids=1x8:1x16"}, "bad shapes= entry 'input_ids=1x8:1x16'"),
+    ("", {"shapes": "a=1:1:1,a=1:2:2"}, "shapes= names a twice"),
+    ("", {"targets": "sm_86, ampere"}, "bad TensorRT target 'ampere'"),
+])
+def test_flag_refusals(spec: str, fields: dict[str, str], message: str) -> None:
+    """--target, --shapes, … are read as the spec's keys are, and refused where the spec sets the same key."""
+    with pytest.raises(UsageError, match=re.escape(message)) as info:
+        CONVERTER.apply_flags(CONVERTER.parse({"spec": spec}), fields)
+    assert info.value.exit_code == 2
 
 
 @pytest.mark.parametrize(("spec", "message"), [
@@ -457,10 +478,13 @@ def test_ampere_plus_engines_fit_any_ampere_or_later_gpu() -> None:
     assert not fits(record.model_copy(update={"hardware_compatibility": "none"}), Gpu("NVIDIA H100", "sm_90"))
 
 
-def test_cli_flags_fold_into_the_spec(mreg: Any, store: Path) -> None:
+def test_cli_flags_set_what_the_spec_sets(mreg: Any, store: Path) -> None:
     r = mreg("convert", "tiny@1", "--to", "tensorrt", "--target", "sm_89,sm_86", "--precision", "fp32",
              "--backend", "tensorrt-rtx", "--json")
     assert r.exit_code == 0, r.stderr
+    two = json.loads((store / "models" / "tiny" / "versions" / "2" / "manifest.json").read_text())
+    assert (r.json["reused"], r.json["version"], r.json["key"]) == (True, 2, two["key"]), \
+        "the key of --to tensorrt:target=sm_89+sm_86 (tiny@2)"
     arts = {a["format"]: a for a in mreg("show", f"tiny@{r.json['version']}", "--json").json["manifest"]["artifacts"]}
     assert arts["tensorrt"]["options"]["targets"] == ["sm_86", "sm_89"]
     assert mreg("convert", "tiny@1", "--to", "onnx", "--target", "sm_86").exit_code == 2

@@ -16,8 +16,9 @@ from converters.gguf.options import GGUFOptions
 from converters.hf.converter import HFOptions
 from manifests import SourceFile, SourceInfo
 from registry import api
+from registry.cli.convert import _tensorrt_fields
 from registry.convert import execute, formats
-from registry.convert.plan import AnyTarget, prepare
+from registry.convert.plan import AnyTarget, prepare, with_flags
 
 SOURCE = SourceInfo(kind="hub", repo="org/pinned", requested_revision="main", commit="a" * 40,
                     files=(SourceFile(path="config.json", size=2, sha256="b" * 64),
@@ -105,6 +106,34 @@ def test_typed_options_give_the_keys_of_the_string_form(files: Path) -> None:
         == PINNED[("gguf:auto,ppl=1.02,imatrix=pinned.imatrix.dat,evaluation=default,tokens=256",)]
     assert key(HFOptions(), GGUFOptions(type="F16"), ("gguf", {"spec": "Q4_K_M,calibration=default"})) \
         == PINNED[("hf", "gguf:F16", "gguf:Q4_K_M,calibration=default")]
+
+
+def test_tensorrt_flags_give_the_key_of_the_string_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--backend/--target/--shapes/--precision set TensorRT's typed options (no spec string in between), each read
+    by the spec's reader for its key: a shapes value is parsed once, by `parse_shapes`, and never again."""
+    from converters.tensorrt import converter as trt
+
+    read: list[str] = []
+    real = trt.parse_shapes
+    monkeypatch.setattr(trt, "parse_shapes", lambda text: read.append(text) or real(text))
+
+    def flags(backend: str | None = None, target: str | None = None, shapes: str | None = None,
+              precision: str | None = None) -> list[AnyTarget]:
+        """`mreg convert … --to tensorrt --backend … --target … --shapes … --precision …`, as the CLI types it."""
+        return list(with_flags(["tensorrt"], "tensorrt", _tensorrt_fields(backend, target, shapes, precision),
+                               "--backend, --target, --shapes and --precision"))
+
+    assert key(*flags(target="8.6")) == key(*flags(backend="tensorrt-rtx", target="sm_86", precision="fp32")) \
+        == PINNED[("tensorrt:target=sm_86",)]
+    flag_shapes = "input_ids=1x1:1x64:4x128, attention_mask=1x1:1x64:4x128"
+    spec_shapes = "input_ids=1x1:1x64:4x128;attention_mask=1x1:1x64:4x128"
+    spelled = f"tensorrt:target=sm_86+sm_89,precision=fp16,shapes={spec_shapes}"
+    flagged = flags(target="sm_89, sm_86", shapes=flag_shapes, precision="fp16")
+    typed = formats.get("tensorrt").parse({"spec": spelled.partition(":")[2]})
+    assert flagged == [typed] and read == [flag_shapes, spec_shapes]
+    assert prepare(flagged) == prepare([typed]) and key(*flagged) == key(typed)
+    assert read == [flag_shapes, spec_shapes], "prepared and keyed without reading the shapes again"
+    assert key(*flagged) == key(spelled)
 
 
 def test_a_path_with_a_comma_is_taken_whole(files: Path) -> None:
