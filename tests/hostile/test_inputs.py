@@ -369,6 +369,7 @@ def test_chat_templates_within_budget_render_as_before() -> None:
     assert chat.render(template, MESSAGES * 2) == "1/2user:hi2/2!user:hi1,2  ab      xTrue"
 
 
+@pytest.mark.slow
 def test_hf_runtime_refuses_a_runaway_template_before_transformers(world: World,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The transformers-rendered runtime (`mreg check --format hf`) is under the same budget."""

@@ -68,6 +68,7 @@ def test_lease_case(case: Case, env: dict[str, str], request: pytest.FixtureRequ
     check_case(case, request)
 
 
+@pytest.mark.slow
 def test_a_lease_file_not_mreg_wrote_is_taken_over_after_one_duration(world: World,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Junk where the lease lives delays the conversion by one lease duration, no more; then it is replaced, the

@@ -164,6 +164,7 @@ def bounds_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.slow
 def test_hostile_remote(case: Case, request: pytest.FixtureRequest, bounds_env: None) -> None:
     try:
         check_case(case, request)
@@ -185,6 +186,7 @@ def test_a_bad_bound_is_a_usage_error(name: str, value: str, monkeypatch: pytest
         incoming.stall_floor() if name != incoming.MAX_LIST_PAGES_ENV else incoming.max_list_pages()
 
 
+@pytest.mark.slow
 def test_a_killed_pull_leaves_no_temp_after_the_next(world: World, bounds_env: None) -> None:
     """A pull killed while a layer trickles in leaves its temp file (nothing runs after SIGKILL); the next pull of
     that repository removes it first, even one that fails, and the temp never grew past the layer's size."""

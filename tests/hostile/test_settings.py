@@ -312,12 +312,14 @@ def garbage_server() -> Iterator[str]:
     server.close()
 
 
+@pytest.mark.slow
 def test_an_engine_answering_garbage_flips_back(on_one: World, garbage_server: str) -> None:
     """http.client's BadStatusLine is not an OSError: it ended in a traceback with production on 2."""
     _flipped_back(on_one, ["promote", "m@2", "--ready-url", garbage_server, "--ready-timeout", "0.5"],
                   "BadStatusLine")
 
 
+@pytest.mark.slow
 def test_a_reload_command_that_outlives_the_timeout_flips_back(on_one: World) -> None:
     """subprocess's TimeoutExpired ended in a traceback with production on 2."""
     _flipped_back(on_one, ["promote", "m@2", "--reload", "sleep 5", "--ready-timeout", "0.5"], "did not finish")
@@ -392,6 +394,7 @@ def test_a_registry_auth_file_that_is_not_a_file_is_refused(special: str, tmp_pa
     assert lookup("registry.example", tmp_path / "absent.json") is None
 
 
+@pytest.mark.slow
 def test_a_linked_import_asks_for_no_cache_space_and_a_copy_names_the_margin(world: World,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The cache's filesystem reported with 1 MiB free (the only thing faked: the free-space query): a linked

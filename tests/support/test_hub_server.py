@@ -174,6 +174,7 @@ def test_snapshot_download_commit_and_main(hub: LocalHub, repo: Repo, tmp_path: 
     assert hub.bytes_sent == 0
 
 
+@pytest.mark.slow
 def test_dropped_connection_is_resumed_with_range(hub: LocalHub, tmp_path: Path) -> None:
     """A connection dropped mid-body is resumed by hf_hub_download with a Range request."""
     chunk = constants.DOWNLOAD_CHUNK_SIZE  # http_get only persists data in chunks of this size (10 MiB)

@@ -33,6 +33,7 @@ def test_bisection_finds_the_smallest_that_meets_in_few_tries() -> None:
     assert size_order([30, 10, 20, 10]) == [3, 1, 2, 0]  # equal sizes: the later (nominally smaller) type first
 
 
+@pytest.mark.slow
 def test_auto_picks_the_type_whose_kl_is_just_within_the_budget(mreg: Any, tiny_model: Callable[..., Path],
                                                                 store_root: Path) -> None:
     src = tiny_model("llama", **SHAPE)
@@ -135,6 +136,7 @@ def test_an_evaluation_text_of_ones_own_for_a_named_type(mreg: Any, tiny_model: 
     assert metrics["evaluation_tokens"] == 40 == metrics["logits_positions"] and "perplexity_ratio" in metrics
 
 
+@pytest.mark.slow
 def test_auto_with_an_importance_matrix_chooses_among_the_iq_types_too(mreg: Any, tiny_model: Callable[..., Path],
                                                                      store_root: Path) -> None:
     """With --calibration the matrix is made once, every candidate is quantized with it, and the 1- and 2-bit

@@ -63,6 +63,7 @@ def _gguf_file(store_root: Path, version: int) -> Path:
 
 
 @pytest.mark.parametrize("as_file", [False, True], ids=["tokenizer_config", "chat_template.jinja"])
+@pytest.mark.slow
 def test_the_file_holds_the_template_transformers_loads(as_file: bool, llama_cpp_root: Path, mreg: Any,
                                                         store_root: Path, tiny_model: Callable[..., Path]) -> None:
     transformers = pytest.importorskip("transformers")
@@ -74,6 +75,7 @@ def test_the_file_holds_the_template_transformers_loads(as_file: bool, llama_cpp
     assert transformers.AutoTokenizer.from_pretrained(src).chat_template == stored
 
 
+@pytest.mark.slow
 def test_named_templates_are_kept_and_tools_choose_tool_use(mreg: Any, store_root: Path,
                                                             tiny_model: Callable[..., Path]) -> None:
     """additional_chat_templates/NAME.jinja: stored as tokenizer.chat_template.NAME, as llama.cpp's converter does;
@@ -103,6 +105,7 @@ def _session(store_root: Path, version: int) -> Any:
     return GGUFSession(_gguf_file(store_root, version), manifest)
 
 
+@pytest.mark.slow
 def test_check_renders_messages_and_tools_exactly_as_transformers(llama_cpp_root: Path, mreg: Any, store_root: Path,
                                                                    tmp_path: Path,
                                                                    tiny_model: Callable[..., Path]) -> None:

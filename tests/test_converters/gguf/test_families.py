@@ -116,6 +116,7 @@ def _read(path: Path) -> tuple[dict[str, Any], dict[str, tuple[str, list[int], b
 
 @pytest.mark.parametrize("file_type", TYPES)
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_file_equals_llama_cpps(kind: str, file_type: str, sources: dict[str, Path], theirs: dict[str, Path],
                                 tmp_path: Path) -> None:
     src = sources[kind]
@@ -159,6 +160,7 @@ def test_file_equals_llama_cpps(kind: str, file_type: str, sources: dict[str, Pa
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_converts_and_llama_cpp_agrees_with_the_reference(kind: str, sources: dict[str, Path], mreg: Any) -> None:
     doc = convert(mreg, sources[kind], "gguf:Q4_K_M", "m")
     assert doc["verification"] == {"gguf": "passed"}

@@ -98,6 +98,7 @@ def test_a_failed_write_leaves_no_file(tmp_path: Path) -> None:
     assert not path.exists()
 
 
+@pytest.mark.slow
 def test_a_conversion_written_around_the_page_cache_verifies_and_matches(
         mreg: Any, tiny_model: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same file (digest) either way, and its verification (read back through the page cache) passes."""

@@ -32,6 +32,7 @@ def _version(store_root: Path, name: str, number: int) -> tuple[dict[str, Any], 
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "qwen3", "llama-spm", "llama3-rope"])
+@pytest.mark.slow
 def test_each_architecture_converts_loads_and_tokenizes_like_hf(
         kind: str, mreg: Any, store_root: Path, tiny_model: Callable[..., Path]) -> None:
     src = tiny_model(kind)
@@ -100,6 +101,7 @@ def test_fallbacks_are_recorded(mreg: Any, store_root: Path, tiny_model: Callabl
     assert "token_embd.weight" in fallbacks
 
 
+@pytest.mark.slow
 def test_same_conversion_is_reused_and_types_make_versions(mreg: Any, tiny_model: Callable[..., Path]) -> None:
     src = tiny_model("qwen2")
     first = _convert(mreg, src, "q8_0")
@@ -158,6 +160,7 @@ UNSAMPLED = 5 * 64 + 3
 
 @pytest.mark.parametrize("spec", ["F16", "Q8_0"])
 @pytest.mark.parametrize("value", [math.nan, math.inf])
+@pytest.mark.slow
 def test_a_nan_or_inf_weight_fails_and_publishes_nothing(spec: str, value: float, mreg: Any,
                                                          tiny_model: Callable[..., Path], store_root: Path) -> None:
     src = set_value(tiny_model("llama"), "model.layers.1.mlp.up_proj.weight", UNSAMPLED, value)
@@ -224,6 +227,7 @@ def test_peak_memory_does_not_grow_with_the_model(tmp_path: Path) -> None:
     assert rss_large - rss_small < 40, f"peak RSS {rss_small:.0f} MB -> {rss_large:.0f} MB for 5x the weights"
 
 
+@pytest.mark.slow
 def test_several_types_share_one_read_and_match_separate_runs(mreg: Any, store_root: Path, tmp_path: Path,
                                                               tiny_model: Callable[..., Path],
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
@@ -407,6 +411,7 @@ def _poison(path: Path, tensor_suffix: str, value: float) -> str:
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 @pytest.mark.parametrize("target", ["gguf:F16", "gguf:Q8_0"])
+@pytest.mark.slow
 def test_nan_or_inf_weights_fail_verification_and_name_the_tensor(mreg: Any, tiny_model: Callable[..., Path],
                                                                   store_root: Path, value: float,
                                                                   target: str) -> None:

@@ -51,6 +51,7 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory, native: dict[str, Path]
     return {"src": src, "f32": f32, "text": text, "mreg": ours, "llama": theirs, "root": root}
 
 
+@pytest.mark.slow
 def test_mreg_imatrix_equals_llama_cpps_on_the_same_text(calibrated: dict[str, Path]) -> None:
     """Same matrices, same token counts, same chunking; sums equal to float tolerance (llama.cpp runs its KV
     cache in F16 and sums in float32, mreg's reference in float32 with float64 sums)."""
@@ -80,6 +81,7 @@ def test_the_file_is_llama_cpps_format(calibrated: dict[str, Path]) -> None:
 
 
 @pytest.mark.parametrize("file_type", ["Q4_K_M", "Q3_K_S", "IQ4_XS", "IQ2_M"])
+@pytest.mark.slow
 def test_bytes_equal_llama_quantize_with_the_same_imatrix(file_type: str, calibrated: dict[str, Path],
                                                            native: dict[str, Path], tmp_path: Path) -> None:
     from support.llama_cpp_native import quantize
@@ -132,6 +134,7 @@ def deep(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.mark.parametrize("with_imatrix", [True, False], ids=["imatrix", "none"])
 @pytest.mark.parametrize("file_type", NEW_TYPES)
+@pytest.mark.slow
 def test_mix_matches_llama_quantize(file_type: str, with_imatrix: bool, deep: dict[str, Any],
                                     native: dict[str, Path]) -> None:
     """llama_tensor_get_type's choice for every tensor (llama.cpp's --dry-run), with and without an importance
@@ -172,6 +175,7 @@ def _outliers(src: Path) -> Path:
     return src
 
 
+@pytest.mark.slow
 def test_calibration_default_is_recorded_keyed_and_lowers_kl(mreg: Any, store_root: Path,
                                                              tiny_model: Callable[..., Path], tmp_path: Path) -> None:
     """`--calibration default`: the importance matrix is a file of the version, its text's digest, tokens and
@@ -278,6 +282,7 @@ def test_an_imatrix_of_another_model_is_refused(mreg: Any, store_root: Path, tin
 
 
 @pytest.mark.parametrize("kind", ["qwen3moe"])
+@pytest.mark.slow
 def test_a_mixture_keeps_one_row_per_expert_and_quantizes_each_with_its_own(
         kind: str, tiny_model: Callable[..., Path], native: dict[str, Path], tmp_path: Path) -> None:
     """Stacked experts: in_sum2 and counts per expert (tokens routed to it), equal to llama.cpp's (MUL_MAT_ID);
@@ -334,6 +339,7 @@ def _check_moe_mixes(src: Path, f32: Path, native: dict[str, Path], tmp_path: Pa
     assert wrong == []
 
 
+@pytest.mark.slow
 def test_an_imatrix_from_llama_imatrix_converts_iq2_m_that_llama_cpp_loads(mreg: Any, store_root: Path,
                                                                           calibrated: dict[str, Path]) -> None:
     """`--imatrix FILE`: the file is kept in the version as given, recorded as llama-imatrix's, and the IQ2_M file

@@ -26,6 +26,9 @@ gguf = pytest.importorskip("gguf")
 #: Tokens per calibration chunk (llama-imatrix -c): the default, 512, would need a longer text.
 CTX = 64
 
+#: llama.cpp's converter or tools on real inputs: the slow lane (`-m "not slow"` leaves them out).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def tools(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Tools:

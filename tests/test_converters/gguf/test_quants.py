@@ -80,7 +80,8 @@ def test_block_encoder_is_byte_identical_to_ggml(qtype: str) -> None:
         assert bad.size == 0, f"{qtype} on {name}: rows {bad[:5]} differ"
 
 
-@pytest.mark.parametrize("qtype", BLOCK_TYPES + IQ_TYPES)
+# The IQ types' first use builds llama.cpp's lattice tables (seconds): the slow lane.
+@pytest.mark.parametrize("qtype", [*BLOCK_TYPES, *(pytest.param(q, marks=pytest.mark.slow) for q in IQ_TYPES)])
 def test_nonfinite_reads_the_fields_gguf_decodes_through(qtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An Inf in one half field of block 1 makes gguf's dequantizer give NaN/Inf for that block alone, and the same
     bytes anywhere else in it nothing: the fields `nonfinite` reads are those, and all those, that can decode so
@@ -198,6 +199,7 @@ QUANT_FILE_TYPES = [t for t, (base, _) in FILE_TYPES.items()
 
 @pytest.mark.parametrize("file_type", QUANT_FILE_TYPES)
 @pytest.mark.parametrize("model", ["fits", "falls-back"])
+@pytest.mark.slow
 def test_model_is_byte_identical_to_llama_quantize(file_type: str, model: str, tmp_path: Path,
                                                    reference_models: dict[str, tuple[Path, Path]]) -> None:
     src, f32 = reference_models[model]
@@ -211,6 +213,7 @@ def test_model_is_byte_identical_to_llama_quantize(file_type: str, model: str, t
 
 
 @pytest.mark.parametrize("file_type", ["Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_M"])
+@pytest.mark.slow
 def test_mix_choices_match_llama_quantize_on_a_deep_model(file_type: str, tmp_path: Path,
                                                           tiny_model: Callable[..., Path]) -> None:
     """32 layers, so every layer rule (first/last eighth, every third, first sixteenth) is exercised."""
@@ -326,6 +329,7 @@ def test_native_kernel_hands_back_exactly_the_blocks_it_cannot_encode() -> None:
         assert stop == (-1 if bad is None else at if bad == 1e-37 else 5)
 
 
+@pytest.mark.slow
 def test_native_half_conversion_rounds_as_numpy_does() -> None:
     """The scale's conversion to half precision (round to nearest even, overflow to Inf, subnormal halves):
     every 997th float32 bit pattern and every pattern around each boundary, against numpy's (NaN: quiet, signed;

@@ -49,6 +49,9 @@ PRE_NOW = {"gpt-neox": "olmo", "mpt": "olmo", "qwen35": "qwen2", "baichuan": "de
 #: The vocabularies converted at Q8_0 (the rest at F16, cheaper: the tokenizer keys do not depend on the type).
 Q8_0 = ("llama-spm", "llama-bpe", "qwen2")
 
+#: llama.cpp's converter or tools on real inputs: the slow lane (`-m "not slow"` leaves them out).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def sources(llama_cpp_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:

@@ -66,6 +66,7 @@ def _assert_matches_transformers(directory: Path, ids: list[int] = IDS) -> float
         ("qwen2moe", {"norm_topk_prob": True}),
     ],
 )
+@pytest.mark.slow
 def test_logits_equal_transformers(kind: str, kw: dict[str, Any], tiny_model: Callable[..., Path]) -> None:
     _assert_matches_transformers(tiny_model(kind, **kw))
 

@@ -18,6 +18,7 @@ pytest.importorskip("llama_cpp")
 
 @pytest.mark.parametrize(("kind", "spec"), [("llama", "F16"), ("qwen2", "Q8_0"), ("qwen3", "BF16"),
                                             ("mistral", "Q4_K_M"), ("llama-spm", "Q6_K"), ("qwen2", "Q2_K")])
+@pytest.mark.slow
 def test_logits_match_the_reference(kind: str, spec: str, mreg: Any, store_root: Path,
                                    tiny_model: Callable[..., Path]) -> None:
     from converters.gguf.verify import KL_BUDGET, LOGITS_KL, LOGITS_REL_DIFF

@@ -88,6 +88,7 @@ def _keys(path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.slow
 def test_sentencepiece_layout_gives_llama_cpp_converters_keys(name: str, built: dict[str, tuple[Path, Path | str]],
                                                               mreg: Any, store_root: Path) -> None:
     src, ref = built[name]

@@ -65,6 +65,7 @@ def _keys(path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("kind", list(SOURCES))
+@pytest.mark.slow
 def test_settings_are_written_as_llama_cpp_writes_them_and_verified(
         kind: str, built: dict[str, tuple[Path, Path | str]], mreg: Any, store_root: Path) -> None:
     src, ref = built[kind]

@@ -45,6 +45,7 @@ def test_logits_with_dynamic_axes(kind: str, mreg: Any, store_root: Path, tiny_m
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+@pytest.mark.slow
 def test_with_past_generates_like_transformers(kind: str, mreg: Any, store_root: Path,
                                                tiny_model: Callable[..., Path]) -> None:
     doc = convert(mreg, tiny_model(kind), "onnx:with-past")
@@ -106,6 +107,7 @@ def test_fp16_with_past_keeps_a_float16_cache(mreg: Any, store_root: Path,
     assert types["past_key_values.0.key"] == types["present.1.value"] == onnx.TensorProto.FLOAT16
 
 
+@pytest.mark.slow
 def test_int8_optimized_decoder(mreg: Any, store_root: Path, tiny_model: Callable[..., Path]) -> None:
     doc = convert(mreg, tiny_model("qwen2"), "onnx:with-past,int8,optimize")
     art, _ = artifact(store_root, "m", doc["version"], "onnx")
@@ -123,6 +125,7 @@ def test_with_past_is_refused_for_an_encoder(mreg: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.slow
 def test_dynamo_exporter_is_verified_like_torchscript(kind: str, mreg: Any, store_root: Path,
                                                       tiny_model: Callable[..., Path]) -> None:
     """torch.export's graph must generate like transformers from the published tree, one token at a time."""
@@ -134,6 +137,7 @@ def test_dynamo_exporter_is_verified_like_torchscript(kind: str, mreg: Any, stor
     _decode_from_the_published_tree(tree, kind)
 
 
+@pytest.mark.slow
 def test_sentencepiece_tokenizer_checkpoint(mreg: Any, store_root: Path, tiny_model: Callable[..., Path]) -> None:
     """A Llama-2-style checkpoint with only tokenizer.model: transformers must read it (protobuf >= 7.36)."""
     doc = convert(mreg, tiny_model("llama-spm"), "onnx")
@@ -141,6 +145,7 @@ def test_sentencepiece_tokenizer_checkpoint(mreg: Any, store_root: Path, tiny_mo
     assert art["verification"]["status"] == "passed" and (tree / "tokenizer.model").is_file()
 
 
+@pytest.mark.slow
 def test_generation_reference_ignores_the_checkpoints_sampling_defaults(mreg: Any, store_root: Path,
                                                                        tiny_model: Callable[..., Path]) -> None:
     """generation_config.json's repetition_penalty (Qwen2.5-Instruct ships 1.05) is not greedy decoding.
@@ -181,6 +186,7 @@ def test_plain_greedy_drops_sampling_defaults_but_stops_at_eos(tiny_model: Calla
 
 
 @pytest.mark.parametrize("name", ["qwen2", "llama-bpe"])
+@pytest.mark.slow
 def test_with_past_and_a_real_tokenizer(name: str, llama_cpp_root: Path, mreg: Any, store_root: Path,
                                         tmp_path: Path) -> None:
     """Qwen's and Llama 3's real tokenizers (llama.cpp's vocabulary files, support/llama_cpp_source.py) on a tiny model:

@@ -18,6 +18,7 @@ pytest.importorskip("torch")
 
 
 @pytest.mark.parametrize("kind", ["phi3", "qwen3moe"])
+@pytest.mark.slow
 def test_logits_only(kind: str, mreg: Any, store_root: Path, tiny_model: Callable[..., Path]) -> None:
     doc = convert(mreg, tiny_model(kind), "onnx")
     art, _ = artifact(store_root, "m", doc["version"], "onnx")
@@ -29,6 +30,7 @@ KINDS_WITH_PAST = ["phi3", "granite", "olmo2", "gemma", "gemma2", "gemma3", "qwe
 
 
 @pytest.mark.parametrize("kind", KINDS_WITH_PAST)
+@pytest.mark.slow
 def test_with_past_generates_like_transformers(kind: str, mreg: Any, store_root: Path,
                                                tiny_model: Callable[..., Path]) -> None:
     import onnx

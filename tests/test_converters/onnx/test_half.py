@@ -23,6 +23,7 @@ pytest.importorskip("torch")
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "gemma2", "qwen3moe"])
+@pytest.mark.slow
 def test_fp16_exports_from_a_float16_model_and_generates(kind: str, mreg: Any, store_root: Path,
                                                          tiny_model: Callable[..., Path]) -> None:
     import onnx

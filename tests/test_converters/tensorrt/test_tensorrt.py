@@ -202,6 +202,7 @@ def tensorrt_artifact(store: Path, version: int) -> tuple[dict[str, Any], Path]:
 
 
 @needs_rtx
+@pytest.mark.slow
 def test_two_targets_one_version_tree_and_manifest(store: Path) -> None:
     art, tree = tensorrt_artifact(store, 2)
     dirs = {f"tensorrt-rtx-sm{sm}-1.7.1.116-fp32" for sm in (86, 89)}

@@ -89,6 +89,7 @@ def test_unknown_repo_and_revision(mreg: Any, hub: LocalHub) -> None:
     assert mreg("pull", "bad repo id!", "--endpoint", hub.endpoint).exit_code == 8
 
 
+@pytest.mark.slow
 def test_dropped_connection_is_resumed_with_a_range_request(mreg: Any, hub: LocalHub) -> None:
     big = random.Random(3).randbytes(12 << 20)
     hub.add_commit("org/big", {"config.json": b"{}", "model.safetensors": big})

@@ -109,6 +109,7 @@ def _mreg(tok: Any, template: str, messages: list[dict[str, Any]], tools: list[d
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_every_real_template_renders_as_transformers_renders_it(name: str, llama_cpp_root: Path,
                                                                 tokenizer: Any) -> None:
     template = (templates(llama_cpp_root) / name).read_text(encoding="utf-8")

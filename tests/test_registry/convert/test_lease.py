@@ -117,6 +117,7 @@ def remote(kind: str, request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("remote_url")) if kind == "s3" else ""
 
 
+@pytest.mark.slow
 def test_eight_runs_of_one_key_convert_once(kind: str, remote: str, model_dir: Path, store_root: Path,
                                             tmp_path: Path) -> None:
     """8 processes, one key, one store: one converts, the 7 others wait for its version and print it."""
@@ -152,6 +153,7 @@ def _holder_pid(kind: str, store_root: Path, remote: str) -> int:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_holder_killed_mid_conversion_is_taken_over(kind: str, remote: str, model_dir: Path, store_root: Path,
                                                     tmp_path: Path) -> None:
     """SIGKILL the run holding the lease while it converts: a waiter takes over within the lease's duration and
@@ -184,6 +186,7 @@ def test_holder_killed_mid_conversion_is_taken_over(kind: str, remote: str, mode
     print(f"{kind}: SIGKILL → waiters done in {took_over:.2f} s")
 
 
+@pytest.mark.slow
 def test_hung_holder_loses_its_lease_and_publishes_nothing(model_dir: Path, store_root: Path,
                                                            tmp_path: Path) -> None:
     """A holder that stops renewing (SIGSTOP: a stalled machine) is taken over once its lease goes unrenewed for a
@@ -239,6 +242,7 @@ def test_one_waiter_of_many_takes_over_an_expired_lease(kind: str, remote: str, 
     assert slot.read() is None
 
 
+@pytest.mark.slow
 def test_gc_removes_expired_leases_and_keeps_live_ones(kind: str, remote: str, store_root: Path) -> None:
     """A lease long past its expiry (a holder lost for good) goes with gc; a live one stays."""
     stale, live = "a" * 64, "b" * 64
@@ -279,6 +283,7 @@ class _LostAnswers(FileSlot):
         return new
 
 
+@pytest.mark.slow
 def test_a_lease_whose_write_answers_were_lost_stays_its_holders_and_is_released(store_root: Path) -> None:
     """Ownership is the lease's id in the slot, not the last answer: a create and a renewal that landed although
     the store refused them leave the run holding its lease, renewing it, and removing it when done."""

@@ -36,6 +36,7 @@ def _matrix(path: Path, store: Path, sources: list[Path], targets: list[str], ex
     return path
 
 
+@pytest.mark.slow
 def test_a_matrix_runs_item_by_item_and_a_second_run_converts_nothing(isolated: Path, sources: list[Path]) -> None:
     store = isolated / "shared-store"
     matrix = _matrix(isolated / "m.toml", store, sources, TARGETS)
@@ -83,6 +84,7 @@ def test_a_hub_source_is_keyed_without_downloading_its_weights(isolated: Path, s
     assert (offline["key"], offline["exists"], offline["version"]) == (item["key"], True, made["version"])
 
 
+@pytest.mark.slow
 def test_an_s3_store_says_what_it_has(isolated: Path, sources: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """Runners that share only a bucket: the plan finds pushed versions through the store's key index."""
     with running(isolated / "seaweed", "mreg-plan") as server:

@@ -104,6 +104,7 @@ def write_golden(path: Path, cases: list[dict[str, Any]]) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_baseline_catches_a_damaged_version_and_gates_promotion(mreg: Any, llama_versions: Path,
                                                                tmp_path: Path) -> None:
     golden = write_golden(tmp_path / "smoke.jsonl", [
@@ -179,6 +180,7 @@ def test_encoder_embeddings_against_the_baseline(mreg: Any, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("fmt", ["gguf", "onnx"])
+@pytest.mark.slow
 def test_check_runs_gguf_and_onnx_artifacts(mreg: Any, tmp_path: Path, fmt: str) -> None:
     pytest.importorskip("llama_cpp" if fmt == "gguf" else "onnxruntime")
     pytest.importorskip("torch")

@@ -61,6 +61,7 @@ def llama_server(tmp_path: Path, store_root: Path) -> Iterator[dict[str, Any]]:
         subprocess.run(["sh", "-c", f"kill $(cat {pid}) 2>/dev/null"], check=False)
 
 
+@pytest.mark.slow
 def test_llama_cpp_server_follows_promotions_and_survives_a_bad_one(mreg: Any, tmp_path: Path, store_root: Path,
                                                                     llama_server: dict[str, Any]) -> None:
     from support.tiny_models import build_tiny_llama
@@ -163,6 +164,7 @@ class OrtEngine:
         self.server.shutdown()
 
 
+@pytest.mark.slow
 def test_onnx_runtime_loop_reloads_on_the_hook(mreg: Any, tmp_path: Path, store_root: Path) -> None:
     pytest.importorskip("onnxruntime")
     pytest.importorskip("torch")
@@ -189,6 +191,7 @@ def test_onnx_runtime_loop_reloads_on_the_hook(mreg: Any, tmp_path: Path, store_
         engine.close()
 
 
+@pytest.mark.slow
 def test_triton_repository_for_an_onnx_version(mreg: Any, tmp_path: Path, store_root: Path) -> None:
     pytest.importorskip("onnx")
     pytest.importorskip("torch")

@@ -157,6 +157,7 @@ def test_pause_resume_abort(mreg: Any, three: str, store_root: Path) -> None:
     ok(mreg("rollout", "start", "m@3", "--steps", "100", "--json")), "an ended rollout makes room for the next"
 
 
+@pytest.mark.slow
 def test_failing_http_gate_aborts_with_exit_10(mreg: Any, three: str, store_root: Path, tmp_path: Path) -> None:
     log = tmp_path / "apply.log"
     ok(mreg("rollout", "start", "m@2", "--steps", "5,100", "--gate", "http:http://127.0.0.1:9/health",
@@ -175,6 +176,7 @@ def test_failing_http_gate_aborts_with_exit_10(mreg: Any, three: str, store_root
     assert os.readlink(store_root / "models/m/production") == "versions/1"
 
 
+@pytest.mark.slow
 def test_unreachable_prometheus_fails_never_passes(mreg: Any, three: str) -> None:
     ok(mreg("rollout", "start", "m@2", "--steps", "5,50,100",
             "--gate", 'prom:http://127.0.0.1:9|sum(rate(x{a=~"b|c"}[1m]))|<0.05|for=1s', "--json"))
@@ -198,6 +200,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[byte
                             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_from_the_recorded_step(mreg: Any, three: str, store_root: Path, tmp_path: Path) -> None:
     log = tmp_path / "apply.log"
     ok(mreg("rollout", "start", "m@2", "--steps", "10,20,100", "--interval", "1s", "--apply", _apply_cmd(log),

@@ -51,6 +51,7 @@ def sink() -> Iterator[Sink]:
     s.server.shutdown()
 
 
+@pytest.mark.slow
 def test_every_alias_change_is_an_event(mreg: Any, model_dir: Path, tmp_path: Path, sink: Sink) -> None:
     config = tmp_path / "mreg.toml"
     config.write_text(f'[events]\nurls = ["{sink.url}"]\nsecret = "s3cret"\ntries = 3\n')

@@ -199,6 +199,7 @@ def _cli(*args: str) -> subprocess.Popen[bytes]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+@pytest.mark.slow
 def test_rollout_through_haproxy_with_a_prometheus_gate(mreg: Any, router: Router, tmp_path: Path,
                                                         store_root: Path) -> None:
     from support.tiny_models import build_tiny_llama

@@ -47,6 +47,7 @@ def remote(s3server: SeaweedS3, monkeypatch: pytest.MonkeyPatch, mreg: Any, mode
     return url
 
 
+@pytest.mark.slow
 def test_s3_rollout_to_done_and_abort(mreg: Any, remote: str, s3server: SeaweedS3, tmp_path: Path) -> None:
     st = ["--store", remote]
     log = tmp_path / "weights"
@@ -85,6 +86,7 @@ def test_s3_rollout_to_done_and_abort(mreg: Any, remote: str, s3server: SeaweedS
     assert ok(mreg("rollout", "status", "m", *st, "--json"))["rollout"]["state"] == "aborted"
 
 
+@pytest.mark.slow
 def test_s3_killed_run_resumes_from_the_recorded_step(mreg: Any, remote: str, tmp_path: Path) -> None:
     """`rollout run` SIGKILLed between steps: the record in the bucket says where it was; a new run goes on."""
     st = ["--store", remote]
@@ -111,6 +113,7 @@ def test_s3_killed_run_resumes_from_the_recorded_step(mreg: Any, remote: str, tm
     assert [e["action"] for e in hist].count("rollout-done") == 1
 
 
+@pytest.mark.slow
 def test_s3_two_starts_race_one_wins(mreg: Any, remote: str) -> None:
     store = api.open_store(remote)
     barrier = threading.Barrier(2)

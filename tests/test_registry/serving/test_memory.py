@@ -157,6 +157,7 @@ def _manifest(kv: dict[str, Any] | None, *, weights: int | None, context: int) -
     })
 
 
+@pytest.mark.slow
 def test_an_onnx_encoder_records_its_initializers_and_has_no_kv_cache(mreg: Any, tmp_path: Path,
                                                                       store_root: Path) -> None:
     pytest.importorskip("onnxruntime")

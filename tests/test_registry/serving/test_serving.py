@@ -82,6 +82,7 @@ def engine(store_root: Path) -> Iterator[FileEngine]:
     e.close()
 
 
+@pytest.mark.slow
 def test_reload_ready_and_automatic_flip_back(mreg: Any, versions: str, engine: FileEngine) -> None:
     hooks = ["--reload-url", f"{engine.url}/reload", "--ready-url", f"{engine.url}/ready", "--ready-timeout", "2"]
     r = mreg("promote", "m@1", *hooks, "--json")
@@ -111,6 +112,7 @@ def test_reload_command_sees_the_version(mreg: Any, versions: str, tmp_path: Pat
     assert mreg("show", "m@production", "--json").json["version"] == 2
 
 
+@pytest.mark.slow
 def test_hooks_from_the_config_file(mreg: Any, versions: str, engine: FileEngine, tmp_path: Path) -> None:
     cfg = tmp_path / "mreg.toml"
     cfg.write_text(f'[models.m]\nreload_url = "{engine.url}/reload"\nready_url = "{engine.url}/ready"\n'

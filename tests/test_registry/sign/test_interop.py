@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.cli import ok
 from support.pki import write_key
 
@@ -20,6 +21,7 @@ def model_signing(*args: str | Path) -> subprocess.CompletedProcess[str]:
                           timeout=120, check=False)
 
 
+@pytest.mark.slow
 def test_mreg_signature_verifies_with_model_signing_and_back(mreg: Any, model_dir: Path, tmp_path: Path,
                                                              store_root: Path, isolated: Path) -> None:
     ok(mreg("convert", model_dir, "--to", "hf", "--name", "m", "--json"))

@@ -249,6 +249,7 @@ def _model_signing(*args: str | Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_bundles_on_the_registry_interoperate_with_the_model_signing_cli(
         mreg: Any, tmp_path: Path, repo: str, isolated: Path, store_root: Path, registry: LocalRegistry,
         keys: dict[str, KeyPair]) -> None:

@@ -32,6 +32,7 @@ def remote(s3server: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"s3://{BUCKET}/p{random.randrange(1 << 30)}"
 
 
+@pytest.mark.slow
 def test_signatures_round_trip_and_sync_refuses_a_failing_version(mreg: Any, model_dir: Path, remote: str,
                                                                   tmp_path: Path, isolated: Path) -> None:
     release, _ = write_key(tmp_path / "pki", "release")
@@ -73,6 +74,7 @@ def test_signatures_round_trip_and_sync_refuses_a_failing_version(mreg: Any, mod
     assert ok(mreg("sync", remote, "m", "--store", node, "--json"))["version"] == 2
 
 
+@pytest.mark.slow
 def test_a_signature_stays_behind_when_the_remote_number_differs(mreg: Any, model_dir: Path, remote: str,
                                                                  tmp_path: Path) -> None:
     """The number is in the signed manifest: pushed as another number, the version is not what was signed."""
@@ -111,6 +113,7 @@ def test_a_remote_record_that_disagrees_with_its_key_is_refused(mreg: Any, model
     assert not (node / "models/m/production").exists() and not (tmp_path / "escape").exists()
 
 
+@pytest.mark.slow
 def test_a_watch_round_with_the_alias_unchanged_downloads_and_verifies_nothing(
         mreg: Any, model_dir: Path, remote: str, tmp_path: Path, isolated: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,7 @@ from registry.store.verify import verify_version
 TESTS = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_sixteen_writers_and_a_reader(model_dir: Path, cache_root: Path, store_root: Path, tmp_path: Path) -> None:
     store = LocalStore(store_root)
     for i in range(4):
@@ -76,6 +77,7 @@ def _check_store(store: LocalStore, name: str) -> None:
         assert (layout.alias_path(store.root, name, "production") / layout.MANIFEST).is_file()
 
 
+@pytest.mark.slow
 def test_sigkill_during_publish_never_leaves_a_partial_version(tmp_path: Path, cache_root: Path,
                                                                store_root: Path) -> None:
     src = tmp_path / "big"
@@ -133,6 +135,7 @@ def test_sigkill_during_publish_never_leaves_a_partial_version(tmp_path: Path, c
     _check_store(store, "big")
 
 
+@pytest.mark.slow
 def test_two_identical_conversions_at_once_publish_one_version(model_dir: Path, cache_root: Path, store_root: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The second run waits for the first and finds its version by the key, instead of publishing a twin."""

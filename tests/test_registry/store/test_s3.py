@@ -69,6 +69,7 @@ def _pushed_first_promoted(mreg: Any, model_dir: Path, remote_url: str, n: int =
     mreg("promote", "m@1", "--store", remote_url)
 
 
+@pytest.mark.slow
 def test_push_promote_rollback_verify(mreg: Any, model_dir: Path, remote_url: str) -> None:
     _versions(mreg, model_dir, "m", 2)
     first = mreg("push", "m@1", remote_url, "--json")
@@ -94,6 +95,7 @@ def test_push_promote_rollback_verify(mreg: Any, model_dir: Path, remote_url: st
     assert mreg("show", "m@9", *st).exit_code == 3
 
 
+@pytest.mark.slow
 def test_no_lost_update_under_ten_concurrent_promoters(mreg: Any, model_dir: Path, remote_url: str,
                                                       s3env: dict[str, str], tmp_path: Path) -> None:
     _pushed_first_promoted(mreg, model_dir, remote_url)
@@ -123,6 +125,7 @@ def test_no_lost_update_under_ten_concurrent_promoters(mreg: Any, model_dir: Pat
     assert rec is not None and etag is not None
 
 
+@pytest.mark.slow
 def test_sigkill_during_push(mreg: Any, tmp_path: Path, remote_url: str, s3env: dict[str, str],
                             cache_root: Path, store_root: Path) -> None:
     src = tmp_path / "big"
@@ -168,6 +171,7 @@ def test_sigkill_during_push(mreg: Any, tmp_path: Path, remote_url: str, s3env: 
     assert killed >= 10, f"only {killed} of {run} pushes were killed mid-way (a full push takes {full:.2f}s)"
 
 
+@pytest.mark.slow
 def test_sync_follows_the_alias_under_a_promotion_storm(mreg: Any, model_dir: Path, remote_url: str,
                                                        s3env: dict[str, str], tmp_path: Path) -> None:
     _pushed_first_promoted(mreg, model_dir, remote_url)
@@ -225,6 +229,7 @@ def test_sync_follows_the_alias_under_a_promotion_storm(mreg: Any, model_dir: Pa
     assert all(verify_version(local, local.version("m", n)).ok for n in local.versions("m"))
 
 
+@pytest.mark.slow
 def test_corrupt_remote_blob_is_never_published_locally(mreg: Any, model_dir: Path, remote_url: str,
                                                         s3server: SeaweedS3, tmp_path: Path) -> None:
     _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
@@ -261,6 +266,7 @@ def _restored(s3server: SeaweedS3, *keys: str) -> Iterator[None]:
             client.put_object(Bucket=BUCKET, Key=k, Body=data)
 
 
+@pytest.mark.slow
 def test_a_manifest_that_disagrees_with_its_key_is_refused_before_anything_local(
         mreg: Any, model_dir: Path, remote_url: str, s3server: SeaweedS3, tmp_path: Path) -> None:
     _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
@@ -280,6 +286,7 @@ def test_a_manifest_that_disagrees_with_its_key_is_refused_before_anything_local
             assert key in r.json["versions"][0]["problems"][0]
 
 
+@pytest.mark.slow
 def test_an_alias_record_that_disagrees_with_its_key_or_names_no_version_is_refused(
         mreg: Any, model_dir: Path, remote_url: str, s3server: SeaweedS3, tmp_path: Path) -> None:
     _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
@@ -321,6 +328,7 @@ def test_a_download_cut_mid_body_exits_9_and_publishes_nothing(
     assert mreg("sync", remote_url, "m", "--store", node).exit_code == 0, "the next sync completes"
 
 
+@pytest.mark.slow
 def test_remote_gc_sweeps_only_old_unreferenced_blobs(mreg: Any, model_dir: Path, remote_url: str,
                                                       s3server: SeaweedS3) -> None:
     _versions(mreg, model_dir, "m", 1)
@@ -348,6 +356,7 @@ def test_remote_gc_sweeps_only_old_unreferenced_blobs(mreg: Any, model_dir: Path
     assert mreg("verify", "--all", "--store", remote_url).exit_code == 0
 
 
+@pytest.mark.slow
 def test_sync_is_idempotent_and_local_only_commands_refuse_s3(mreg: Any, model_dir: Path, remote_url: str,
                                                              tmp_path: Path) -> None:
     _pushed_first_promoted(mreg, model_dir, remote_url, n=1)
@@ -365,6 +374,7 @@ def test_sync_is_idempotent_and_local_only_commands_refuse_s3(mreg: Any, model_d
     assert push(S3Sink(S3Store(remote_url)), local, local.version("m", 1)).reused
 
 
+@pytest.mark.slow
 def test_a_lost_race_through_the_cli_exits_5(mreg: Any, model_dir: Path, remote_url: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     _pushed_first_promoted(mreg, model_dir, remote_url)
@@ -389,6 +399,7 @@ def test_a_lost_race_through_the_cli_exits_5(mreg: Any, model_dir: Path, remote_
     assert [e.to_version for e in S3Store(remote_url).history("m")] == [1, 2]
 
 
+@pytest.mark.slow
 def test_secrets_are_never_printed_or_stored(mreg: Any, model_dir: Path, remote_url: str, s3env: dict[str, str],
                                              store_root: Path, tmp_path: Path) -> None:
     _versions(mreg, model_dir, "m", 1)
@@ -416,6 +427,7 @@ def test_repush_after_a_crash_between_manifest_and_index(mreg: Any, model_dir: P
     assert store.versions("m") == [1] and store.exists(store.key("models", "m", "keys", f"{key}.json"))
 
 
+@pytest.mark.slow
 def test_push_of_a_damaged_local_blob_is_refused_by_the_server(mreg: Any, model_dir: Path, remote_url: str,
                                                               store_root: Path) -> None:
     _versions(mreg, model_dir, "m", 1)
@@ -454,6 +466,7 @@ def test_watch_reports_an_unreachable_store_and_keeps_following(
     assert [c.version for c in changes] == [1]
 
 
+@pytest.mark.slow
 def test_a_gc_lock_left_by_a_killed_gc_expires_and_a_live_one_names_its_owner(mreg: Any, model_dir: Path,
                                                                               remote_url: str) -> None:
     """A gc killed mid-way left gc.lock, which blocked every later gc forever."""
@@ -472,6 +485,7 @@ def test_a_gc_lock_left_by_a_killed_gc_expires_and_a_live_one_names_its_owner(mr
     assert mreg("push", "m@1", remote_url).exit_code == 0
 
 
+@pytest.mark.slow
 def test_a_damaged_local_blob_is_not_pushed_and_a_damaged_remote_one_is_repaired(
         mreg: Any, tmp_path: Path, remote_url: str, store_root: Path) -> None:
     """Multipart uploads carry no whole-object check: the blob is hashed before it travels. A remote blob
@@ -499,6 +513,7 @@ def test_a_damaged_local_blob_is_not_pushed_and_a_damaged_remote_one_is_repaired
     assert mreg("verify", "big@1", "--store", remote_url).exit_code == 0
 
 
+@pytest.mark.slow
 def test_push_verify_remote_repairs_a_same_size_tampered_blob(mreg: Any, model_dir: Path, remote_url: str,
                                                               s3server: SeaweedS3) -> None:
     """A remote blob replaced by other bytes of the same size passes the size check of a plain push; with
@@ -533,6 +548,7 @@ def test_a_reload_hook_on_s3_is_told_the_alias_url(mreg: Any, model_dir: Path, r
     assert log.read_text().split() == [remote_url, f"{remote_url}/models/m/aliases/production.json"]
 
 
+@pytest.mark.slow
 def test_watch_puts_back_the_signal_handlers_it_replaced(mreg: Any, model_dir: Path, remote_url: str,
                                                          tmp_path: Path) -> None:
     """`sync --watch` in-process (a test runner, a pipeline): once SIGTERM stops it, SIGINT and SIGTERM go where
@@ -559,6 +575,7 @@ def test_watch_puts_back_the_signal_handlers_it_replaced(mreg: Any, model_dir: P
         signal.signal(signal.SIGTERM, original)
 
 
+@pytest.mark.slow
 def test_push_and_sync_take_one_shape_for_every_remote(mreg: Any, model_dir: Path, remote_url: str,
                                                        store_root: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:

@@ -206,6 +206,7 @@ def test_convert_from_a_version(mreg: Any, model_dir: Path) -> None:
     assert r.exit_code == 2 and "--name is required" in r.stderr
 
 
+@pytest.mark.slow
 def test_two_targets_of_one_format_and_carrying_them(mreg: Any, tmp_path: Path, store_root: Path) -> None:
     pytest.importorskip("llama_cpp")
     from support.tiny_models import build_tiny_llama
@@ -227,6 +228,7 @@ def test_two_targets_of_one_format_and_carrying_them(mreg: Any, tmp_path: Path, 
     assert mreg("verify", "tl@2").exit_code == 0
 
 
+@pytest.mark.slow
 def test_a_cached_file_edited_in_place_with_its_mtime_kept_is_not_published(
         mreg: Any, model_dir: Path, cache_root: Path, store_root: Path) -> None:
     """The link from the cache is trusted while neither mtime nor ctime moved since the pull; else it is hashed."""

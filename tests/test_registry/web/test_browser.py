@@ -63,6 +63,7 @@ def quiet_console(browser: Any) -> None:
     assert entries == [], entries
 
 
+@pytest.mark.slow
 def test_browse_the_live_view(browser: Any, shots: Path, live: UIServer, web_store: WebStore) -> None:
     browser.get(live.url)
     assert browser.title == "Models · mreg"
@@ -129,6 +130,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_static_site_from_file_and_http_server(browser: Any, shots: Path, web_store: WebStore,
                                                tmp_path: Path) -> None:
     out = tmp_path / "site"

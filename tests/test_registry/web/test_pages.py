@@ -212,6 +212,7 @@ def test_pictures_escape_what_they_draw() -> None:
     assert "&lt;b&gt;Q2_K&lt;/b&gt;" in chart and 'stroke-width="2"' in chart  # the chosen one ringed
 
 
+@pytest.mark.slow
 def test_an_s3_store(web_store: WebStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same pages from an S3 store (SeaweedFS on loopback): aliases, history, versions, a comparison."""
     from support.s3_server import running
@@ -235,6 +236,7 @@ def test_an_s3_store(web_store: WebStore, tmp_path: Path, monkeypatch: pytest.Mo
         assert "hf/model.safetensors" in {f["path"] for f in compare["files"]["changed"]}
 
 
+@pytest.mark.slow
 def test_a_rollout_in_progress_is_shown_with_its_weight(mreg: Any, model_dir: Path, tmp_path: Path) -> None:
     for i in range(2):
         (model_dir / "config.json").write_text(json.dumps({"i": i}))
