@@ -10,10 +10,11 @@ the 256-element super-block K-quants in `converters.gguf.quants.kquants`.
 
 numpy runs the K-quant searches several times slower than C. When llama-cpp-python is
 installed, `quantize` therefore calls llama.cpp's own `ggml_quantize_chunk` for the block types
-(the tests hold both implementations to the same bytes). Q8_0 has a third implementation, mreg's
-own vectorized kernel (`_native.c`, built with the package where a C compiler is present): the
-same bytes as llama.cpp's reference encoder at a tenth of its time. `MREG_GGUF_QUANTIZER=numpy`
-forces numpy; `MREG_GGUF_QUANTIZER=ggml` forces llama.cpp's encoder (mreg's kernel off).
+(the tests hold both implementations to the same bytes). Q8_0, Q6_K and Q4_K have a third
+implementation, mreg's own vectorized kernels (`_native.c`, built with the package where a C compiler
+is present): the same bytes as llama.cpp's reference encoders, several times faster (`NATIVE_TYPES`).
+`MREG_GGUF_QUANTIZER=numpy` forces numpy; `MREG_GGUF_QUANTIZER=ggml` forces llama.cpp's encoder (mreg's
+kernels off).
 
 With an importance matrix (a weight per input column, llama.cpp's `quant_weights`) and for the
 IQ types (whose lattice searches mreg does not reimplement) only llama.cpp's encoder is used:
@@ -52,11 +53,17 @@ from converters.gguf.quants.kquants import q2_k, q3_k, q4_k, q5_k, q6_k
 from registry.config import MREG_GGUF_QUANTIZER
 from registry.errors import UsageError
 
-__all__ = ["BLOCK", "NUMPY_TYPES", "Bytes", "Floats", "backend", "encoder", "ggml_available", "native_available",
-           "needs_ggml", "nonfinite", "quantize", "row_bytes", "widen_bf16"]
+__all__ = ["BLOCK", "NATIVE_TYPES", "NUMPY_TYPES", "Bytes", "Floats", "backend", "encoder", "ggml_available",
+           "native_available", "needs_ggml", "nonfinite", "quantize", "row_bytes", "widen_bf16"]
 
 #: The types mreg's numpy encoders write (the IQ types are llama.cpp's alone).
 NUMPY_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+#: The types mreg's own kernels (`_native.c`) encode without an importance matrix, and each one's entry point.
+_KERNELS = {"Q8_0": "mreg_quantize_q8_0", "Q6_K": "mreg_quantize_q6_k"}
+NATIVE_TYPES = tuple(_KERNELS)
+#: Blocks handed back one at a time before the rest of a call's rows go to llama.cpp's encoder whole (a tensor of
+#: NaN would otherwise cost two calls a block).
+_HANDBACKS = 64
 #: Types ggml_quantize_chunk aborts on (GGML_ASSERT) without an importance matrix.
 _GGML_NEEDS_IMATRIX = ("IQ2_XXS", "IQ2_XS", "IQ1_S")
 #: Types whose encoders ignore importance weights (floats; Q8_0's quantize_q8_0 takes none).
@@ -83,13 +90,14 @@ def _llama_cpp_lib(name: str) -> ctypes.CDLL | None:
 
 @functools.cache
 def _native_kernel() -> ctypes.CDLL | None:
-    """mreg's Q8_0 kernel (`_native.c`), where the package was installed with it built, or None."""
+    """mreg's kernels (`_native.c`), where the package was installed with them built, or None."""
     spec = importlib.util.find_spec(f"{__name__}._native")
     if spec is None or spec.origin is None:
         return None
     lib = ctypes.CDLL(spec.origin)
-    lib.mreg_quantize_q8_0.restype = ctypes.c_int64
-    lib.mreg_quantize_q8_0.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    for name in _KERNELS.values():
+        getattr(lib, name).restype = ctypes.c_int64
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     lib.mreg_half_bits.restype = None
     lib.mreg_half_bits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return lib
@@ -116,21 +124,31 @@ def check_settings() -> None:
 
 
 def native_available() -> bool:
-    """Whether mreg's own Q8_0 kernel is built here (and not turned off by MREG_GGUF_QUANTIZER)."""
+    """Whether mreg's own kernels are built here (and not turned off by MREG_GGUF_QUANTIZER)."""
     return _forced() not in ("numpy", "ggml") and _native_kernel() is not None
 
 
-def _quantize_native(lib: ctypes.CDLL, rows: Floats) -> Bytes:
-    """Q8_0 by mreg's kernel; from a block it leaves (NaN, Inf, a subnormal scale) on, by llama.cpp's encoder
-    where it is installed, else numpy's (both byte-identical to it there)."""
-    block, size = BLOCK["Q8_0"]
-    nblocks = rows.size // block
+def _quantize_native(lib: ctypes.CDLL, rows: Floats, qtype: str) -> Bytes:
+    """`qtype` by mreg's kernel; each block it hands back (NaN, Inf, a scale it cannot prove) by llama.cpp's
+    encoder where it is installed, else numpy's (both byte-identical to it there), and the kernel goes on after it.
+    Without an importance matrix the blocks are independent, so rows are one long row here."""
+    block, size = BLOCK[qtype]
+    kernel, nblocks = getattr(lib, _KERNELS[qtype]), rows.size // block
+    flat = rows.reshape(-1)
     out = np.empty((rows.shape[0], rows.shape[1] // block * size), dtype=np.uint8)
-    stop = int(lib.mreg_quantize_q8_0(rows.ctypes.data, out.ctypes.data, nblocks))  # ctypes releases the GIL
-    if stop >= 0:
-        rest = rows.reshape(-1)[stop * block:].reshape(1, -1)  # Q8_0 blocks are independent: one long row
-        done = quantize(rest, "Q8_0", use="ggml" if ggml_available() else "numpy")
-        out.reshape(-1, size)[stop:] = done.reshape(-1, size)
+    blocks = out.reshape(-1, size)
+    at = handed = 0
+    while at < nblocks:
+        # ctypes releases the GIL for the call.
+        stop = int(kernel(flat.ctypes.data + 4 * block * at, blocks.ctypes.data + size * at, nblocks - at))
+        if stop < 0:
+            break
+        stop += at
+        handed += 1
+        end = nblocks if handed >= _HANDBACKS else stop + 1
+        rest = flat[stop * block:end * block].reshape(1, -1)
+        blocks[stop:end] = quantize(rest, qtype, use="ggml" if ggml_available() else "numpy").reshape(-1, size)
+        at = end
     return out
 
 
@@ -188,10 +206,13 @@ def needs_ggml(qtype: str, weighted: bool) -> bool:
     return (weighted and qtype not in _UNWEIGHTED) or qtype not in NUMPY_TYPES
 
 
-def backend(qtype: str) -> str:
-    """Which implementation encodes `qtype` here: "numpy", "ggml" (the same bytes, from llama.cpp's C, in
-    parallel), or for Q8_0 "native" (mreg's own vectorized kernel, the same bytes again)."""
-    if qtype == "Q8_0" and native_available():
+def backend(qtype: str, weighted: bool = False) -> str:
+    """Which implementation encodes `qtype` (with importance weights or not) here: "numpy", "ggml" (the same
+    bytes, from llama.cpp's C, in parallel), or for `NATIVE_TYPES` unweighted "native" (mreg's own vectorized
+    kernels, the same bytes again)."""
+    if weighted and needs_ggml(qtype, weighted):
+        return "ggml"
+    if qtype in NATIVE_TYPES and native_available():
         return "native"
     # F16 and BF16 too: ggml-cpu's converters use the CPU's conversion instructions (0.09 ns per value
     # against 2.5 for numpy's F16 and 6.6 for its BF16, measured here), with the same rounding; F32 is a copy.
@@ -211,16 +232,17 @@ def quantize(rows: Floats, qtype: str, use: str | None = None, importance: Float
     rows = np.ascontiguousarray(rows, dtype=F32)
     if importance is not None and qtype in _UNWEIGHTED:
         importance = None  # llama.cpp reads no weights for these
-    engine = use or backend(qtype)
+    engine = use or backend(qtype, importance is not None)
     if needs_ggml(qtype, importance is not None) and engine != "ggml":
         raise ValueError(f"{qtype}{' with an importance matrix' if importance is not None else ''} is encoded by "
                          "llama.cpp only (install llama-cpp-python)")
     if importance is None and qtype in _GGML_NEEDS_IMATRIX:
         raise ValueError(f"{qtype} needs an importance matrix (llama.cpp aborts without one)")
     if engine == "native":
-        if qtype != "Q8_0" or (lib := _native_kernel()) is None:
-            raise ValueError(f"mreg's native kernel encodes Q8_0 only, where it is built (asked for {qtype})")
-        return _quantize_native(lib, rows)
+        if qtype not in NATIVE_TYPES or importance is not None or (lib := _native_kernel()) is None:
+            raise ValueError(f"mreg's native kernels encode {', '.join(NATIVE_TYPES)} without an importance "
+                             f"matrix, where they are built (asked for {qtype})")
+        return _quantize_native(lib, rows, qtype)
     if engine == "ggml" and qtype in _FROM_F32 and (convert := _ggml_cpu_converter(_FROM_F32[qtype])):
         halves = np.empty((nrows, ncols), dtype=np.uint16)
         convert(rows.ctypes.data, halves.ctypes.data, rows.size)  # ctypes releases the GIL here too

@@ -60,6 +60,20 @@ static uint16_t half_bits(float f) {
     return sign | (uint16_t)((rounded - (112u << 23)) >> 13);
 }
 
+/* The float a half's bits stand for (exact: every half is a float). */
+static inline float half_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    float f;
+    if (e == 0) {
+        f = (float)m * 5.9604645e-8f; /* m * 2**-24: exact */
+        return sign ? -f : f;
+    }
+    const uint32_t bits = sign | (e == 31 ? 0x7f800000u : (e + 112u) << 23) | (m << 13);
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 /* Encode `nblocks` blocks of 32 floats from `x` into `y` (34 bytes each). Returns -1 when every block was
  * encoded, else the index of the first block left to llama.cpp's encoder (blocks before it are written). */
 MREG_CLONES
@@ -106,4 +120,221 @@ void mreg_half_bits(const float *x, uint16_t *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         out[i] = half_bits(x[i]);
     }
+}
+
+/* ---- K-quants: Q6_K and Q4_K ----------------------------------------------------------------------------------
+ *
+ * llama.cpp's quantize_row_q6_K_ref and quantize_row_q4_K_ref search a scale per sub-block (make_qx_quants,
+ * make_qkx2_quants): for each of 19 or 22 trial scales, a pass over the sub-block's values with sums accumulated
+ * in order. The sums cannot be reordered, but the sub-blocks are independent: here each of 16 vector lanes runs
+ * one sub-block's search (Q6_K: the 16 sub-blocks of one super-block; Q4_K: the 8 of two super-blocks), every
+ * lane doing the reference's float operations in the reference's order. IEEE arithmetic rounds a lane as it
+ * rounds a scalar, so each lane's results are the reference's bits. Where the reference branches per sub-block
+ * (a better trial scale, an all-zero group), the lanes compute both sides and select, with the same comparisons.
+ *
+ * Intermediate Inf and NaN (a degenerate trial of the search) reach only comparisons, which are false either way,
+ * and ggml's nearest_int of a NaN (whose mantissa is the default NaN's, inputs being finite) is 0 for both. A
+ * super-block holding NaN or Inf, or one whose super-block scale overflows half precision (llama.cpp writes a
+ * block that decodes to Inf or NaN), is handed back: the call returns its index, blocks before it written.
+ */
+
+/* Generic vectors: each clone of the entry points lowers them to its own registers (one zmm, two ymm, four xmm);
+ * the helpers taking them are always inlined into a clone, so no vector crosses a call (hence no -Wpsabi). */
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+#define LANES 16
+#define QK_K 256
+#define Q6_K_BYTES 210
+#define Q4_K_BYTES 144
+#define GROUP_MAX_EPS 1e-15f
+#define INLINE static inline __attribute__((always_inline))
+
+/* ggml's nearest_int: add 1.5 * 2**23 and read the mantissa (ties to even; a wrapped value past 2**22). */
+static inline int nearest_int(float f) {
+    const float v = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+INLINE vi v_nearest(vf v) {
+    const vf t = v + 12582912.0f;
+    return (((vi)t) & 0x007fffff) - 0x00400000;
+}
+
+INLINE vi v_splat_i(int32_t c) {
+    vi v;
+    for (int s = 0; s < LANES; s++) {
+        v[s] = c;
+    }
+    return v;
+}
+
+INLINE vf v_splat(float c) {
+    vf v;
+    for (int s = 0; s < LANES; s++) {
+        v[s] = c;
+    }
+    return v;
+}
+
+INLINE vf v_sel(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
+
+INLINE vi v_seli(vi mask, vi a, vi b) { return (mask & a) | (~mask & b); }
+
+INLINE vi v_clamp(vi l, int32_t lo, int32_t hi) {
+    l = v_seli(l < v_splat_i(lo), v_splat_i(lo), l);
+    return v_seli(l > v_splat_i(hi), v_splat_i(hi), l);
+}
+
+INLINE vf v_float(vi l) { return __builtin_convertvector(l, vf); }
+
+INLINE vf v_abs(vf v) { return (vf)((vi)v & 0x7fffffff); }
+
+/* Lane s of out[i] = x[n * s + i]: sub-block s's element i, for n elements a sub-block. */
+INLINE void to_lanes(const float *x, int n, vf *out) {
+    float t[LANES];
+    for (int i = 0; i < n; i++) {
+        for (int s = 0; s < LANES; s++) {
+            t[s] = x[n * s + i];
+        }
+        memcpy(&out[i], t, sizeof t);
+    }
+}
+
+/* The largest |x| of n floats as bits (Inf and NaN above 0x7f7fffff). */
+static inline uint32_t abs_max_bits(const float *x, int n) {
+    uint32_t m = 0;
+    for (int j = 0; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, &x[j], sizeof u);
+        u &= 0x7fffffffu;
+        m = u > m ? u : m;
+    }
+    return m;
+}
+
+/* make_qx_quants(16, 32, x, L, rmse_type 1, no weights) in each lane: returns the scale, L the quants + 32. */
+INLINE vf q6_k_search(const vf *x, vi *L) {
+    vf amax = {0}, max = {0};
+    vf w[16], wx[16];
+    for (int i = 0; i < 16; i++) {
+        const vf ax = v_abs(x[i]);
+        const vi bigger = ax > amax;
+        amax = v_sel(bigger, ax, amax);
+        max = v_sel(bigger, x[i], max);
+        w[i] = x[i] * x[i];
+        wx[i] = w[i] * x[i];
+    }
+    vf iscale = v_splat(-32.0f) / max, sumlx = {0}, suml2 = {0};
+    for (int i = 0; i < 16; i++) {
+        const vf l = v_float(v_clamp(v_nearest(iscale * x[i]), -32, 31));
+        sumlx = sumlx + wx[i] * l;
+        suml2 = suml2 + w[i] * l * l;
+    }
+    const vf zero = {0};
+    vf scale = v_sel(suml2 != zero, sumlx / suml2, zero);
+    vf best = scale * sumlx, best_iscale = iscale;
+    for (int is = -9; is <= 9; ++is) {
+        if (is == 0) {
+            continue;
+        }
+        iscale = v_splat(-(32.0f + 0.1f * (float)is)) / max;
+        vf slx = {0}, sl2 = {0};
+        for (int i = 0; i < 16; i++) {
+            const vf l = v_float(v_clamp(v_nearest(iscale * x[i]), -32, 31));
+            slx = slx + wx[i] * l;
+            sl2 = sl2 + w[i] * l * l;
+        }
+        const vi better = (sl2 > zero) & (slx * slx > best * sl2);
+        const vf s = slx / sl2;
+        scale = v_sel(better, s, scale);
+        best = v_sel(better, s * slx, best);
+        best_iscale = v_sel(better, iscale, best_iscale);
+    }
+    const vi empty = amax < v_splat(GROUP_MAX_EPS);
+    for (int i = 0; i < 16; i++) {
+        L[i] = v_seli(empty, v_splat_i(0), v_clamp(v_nearest(best_iscale * x[i]), -32, 31) + 32);
+    }
+    return v_sel(empty, zero, scale);
+}
+
+/* One Q6_K super-block; 0, or -1 where its scale overflows half precision (nothing written then). */
+INLINE int q6_k_block(const float *xb, uint8_t *y) {
+    vf x[16];
+    vi L[16];
+    to_lanes(xb, 16, x);
+    float scales[LANES];
+    const vf found = q6_k_search(x, L);
+    memcpy(scales, &found, sizeof scales);
+    float max_scale = 0, max_abs_scale = 0;
+    for (int ib = 0; ib < 16; ib++) {
+        const float abs_scale = fabsf(scales[ib]);
+        if (abs_scale > max_abs_scale) {
+            max_abs_scale = abs_scale;
+            max_scale = scales[ib];
+        }
+    }
+    if (max_abs_scale < GROUP_MAX_EPS) {
+        memset(y, 0, Q6_K_BYTES);
+        return 0;
+    }
+    const float iscale = -128.0f / max_scale;
+    const uint16_t hd = half_bits(1 / iscale);
+    if ((hd & 0x7c00u) == 0x7c00u) {
+        return -1;
+    }
+    int8_t sc[16];
+    float dsub[LANES];
+    const float dh = half_float(hd);
+    for (int ib = 0; ib < 16; ib++) {
+        const int v = nearest_int(iscale * scales[ib]);
+        sc[ib] = (int8_t)(v < 127 ? v : 127);
+        dsub[ib] = dh * sc[ib];
+    }
+    vf d;
+    memcpy(&d, dsub, sizeof d);
+    const vi nonzero = d != v_splat(0.0f);
+    for (int i = 0; i < 16; i++) { /* sub-blocks whose scale rounds to 0 keep the search's quants */
+        L[i] = v_seli(nonzero, v_clamp(v_nearest(x[i] / d), -32, 31) + 32, L[i]);
+    }
+    uint8_t q[QK_K];
+    for (int i = 0; i < 16; i++) {
+        int32_t t[LANES];
+        memcpy(t, &L[i], sizeof t);
+        for (int s = 0; s < LANES; s++) {
+            q[16 * s + i] = (uint8_t)t[s];
+        }
+    }
+    uint8_t *ql = y, *qh = y + 128;
+    for (int j = 0; j < QK_K; j += 128) {
+        for (int l = 0; l < 32; l++) {
+            const uint8_t q1 = q[j + l] & 0xF, q2 = q[j + l + 32] & 0xF;
+            const uint8_t q3 = q[j + l + 64] & 0xF, q4 = q[j + l + 96] & 0xF;
+            ql[l] = q1 | (q3 << 4);
+            ql[l + 32] = q2 | (q4 << 4);
+            qh[l] = (q[j + l] >> 4) | ((q[j + l + 32] >> 4) << 2) | ((q[j + l + 64] >> 4) << 4)
+                    | ((q[j + l + 96] >> 4) << 6);
+        }
+        ql += 64;
+        qh += 32;
+    }
+    memcpy(y + 192, sc, sizeof sc);
+    y[208] = (uint8_t)(hd & 0xffu);
+    y[209] = (uint8_t)(hd >> 8);
+    return 0;
+}
+
+/* Encode `nblocks` Q6_K super-blocks of 256 floats from `x` into `y` (210 bytes each). Returns -1 when every block
+ * was encoded, else the index of the first block left to llama.cpp's encoder (blocks before it are written). */
+MREG_CLONES
+int64_t mreg_quantize_q6_k(const float *x, uint8_t *y, int64_t nblocks) {
+    for (int64_t i = 0; i < nblocks; i++) {
+        const float *xb = x + i * QK_K;
+        if (abs_max_bits(xb, QK_K) >= 0x7f800000u || q6_k_block(xb, y + i * Q6_K_BYTES) < 0) {
+            return i;
+        }
+    }
+    return -1;
 }
