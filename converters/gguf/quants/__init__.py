@@ -59,7 +59,7 @@ __all__ = ["BLOCK", "NATIVE_TYPES", "NUMPY_TYPES", "Bytes", "Floats", "backend",
 #: The types mreg's numpy encoders write (the IQ types are llama.cpp's alone).
 NUMPY_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 #: The types mreg's own kernels (`_native.c`) encode without an importance matrix, and each one's entry point.
-_KERNELS = {"Q8_0": "mreg_quantize_q8_0", "Q6_K": "mreg_quantize_q6_k"}
+_KERNELS = {"Q8_0": "mreg_quantize_q8_0", "Q6_K": "mreg_quantize_q6_k", "Q4_K": "mreg_quantize_q4_k"}
 NATIVE_TYPES = tuple(_KERNELS)
 #: Blocks handed back one at a time before the rest of a call's rows go to llama.cpp's encoder whole (a tensor of
 #: NaN would otherwise cost two calls a block).
