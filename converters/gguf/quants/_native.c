@@ -1,4 +1,4 @@
-/* mreg's native kernels: Q8_0, Q6_K and Q4_K encoding, byte-identical to llama.cpp's reference quantizers (no
+/* mreg's native kernels: Q8_0, Q6_K, Q4_K and Q5_K encoding, byte-identical to llama.cpp's reference quantizers (no
  * importance matrix), vectorized. Q8_0 first; the K-quants after it, with their own comment.
  *
  * llama.cpp's quantize_row_q8_0_ref (what llama-quantize writes) rounds each value with libm's roundf, a call
@@ -123,12 +123,12 @@ void mreg_half_bits(const float *x, uint16_t *out, int64_t n) {
     }
 }
 
-/* ---- K-quants: Q6_K and Q4_K ----------------------------------------------------------------------------------
+/* ---- K-quants: Q6_K, Q4_K and Q5_K ----------------------------------------------------------------------------------
  *
  * llama.cpp's quantize_row_q6_K_ref and quantize_row_q4_K_ref search a scale per sub-block (make_qx_quants,
  * make_qkx2_quants): for each of 19 or 22 trial scales, a pass over the sub-block's values with sums accumulated
  * in order. The sums cannot be reordered, but the sub-blocks are independent: here each of 16 vector lanes runs
- * one sub-block's search (Q6_K: the 16 sub-blocks of one super-block; Q4_K: the 8 of two super-blocks), every
+ * one sub-block's search (Q6_K: the 16 sub-blocks of one super-block; Q4_K, Q5_K: the 8 of two), every
  * lane doing the reference's float operations in the reference's order. IEEE arithmetic rounds a lane as it
  * rounds a scalar, so each lane's results are the reference's bits. Where the reference branches per sub-block
  * (a better trial scale, an all-zero group), the lanes compute both sides and select, with the same comparisons.
@@ -148,6 +148,7 @@ typedef int32_t vi __attribute__((vector_size(64)));
 #define QK_K 256
 #define Q6_K_BYTES 210
 #define Q4_K_BYTES 144
+#define Q5_K_BYTES 176
 #define GROUP_MAX_EPS 1e-15f
 #define INLINE static inline __attribute__((always_inline))
 
@@ -340,9 +341,10 @@ int64_t mreg_quantize_q6_k(const float *x, uint8_t *y, int64_t nblocks) {
     return -1;
 }
 
-/* make_qkx2_quants(32, 15, x, weights, L, &the_min, Laux, -1, 0.1, 20, false) in each lane; returns the scale and
- * writes -min to *the_min. The search's min moves with its best trial and the next trials start from it. */
-INLINE vf q4_k_search(const vf *x, const vf *w, vi *L, vf *the_min) {
+/* make_qkx2_quants(32, nmax, x, weights, L, &the_min, Laux, rmin, 0.1, nstep, false) in each lane (Q4_K: 15, -1,
+ * 20; Q5_K: 31, -0.5, 15); returns the scale and writes -min to *the_min. The search's min moves with its best
+ * trial and the next trials start from it. */
+INLINE vf kx_search(const vf *x, const vf *w, vi *L, vf *the_min, int nmax, float rmin, int nstep) {
     vf min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
     for (int i = 1; i < 32; i++) {
         min = v_sel(x[i] < min, x[i], min);
@@ -354,20 +356,20 @@ INLINE vf q4_k_search(const vf *x, const vf *w, vi *L, vf *the_min) {
     min = v_sel(min > zero, zero, min);
     const vi flat = max == min;
     const vf flat_min = min;
-    vf iscale = v_splat(15.0f) / (max - min);
+    vf iscale = v_splat((float)nmax) / (max - min);
     vf scale = v_splat(1.0f) / iscale, best = {0};
     for (int i = 0; i < 32; i++) {
-        L[i] = v_clamp(v_nearest(iscale * (x[i] - min)), 0, 15);
+        L[i] = v_clamp(v_nearest(iscale * (x[i] - min)), 0, nmax);
         vf diff = scale * v_float(L[i]) + min - x[i];
         diff = diff * diff;
         best = best + w[i] * diff;
     }
-    for (int is = 0; is <= 20; ++is) {
-        iscale = v_splat(-1.0f + 0.1f * (float)is + 15.0f) / (max - min);
+    for (int is = 0; is <= nstep; ++is) {
+        iscale = v_splat(rmin + 0.1f * (float)is + (float)nmax) / (max - min);
         vi aux[32];
         vf sum_l = {0}, sum_l2 = {0}, sum_xl = {0};
         for (int i = 0; i < 32; i++) {
-            aux[i] = v_clamp(v_nearest(iscale * (x[i] - min)), 0, 15);
+            aux[i] = v_clamp(v_nearest(iscale * (x[i] - min)), 0, nmax);
             const vf l = v_float(aux[i]);
             sum_l = sum_l + w[i] * l;
             sum_l2 = sum_l2 + w[i] * l * l;
@@ -400,9 +402,9 @@ INLINE vf q4_k_search(const vf *x, const vf *w, vi *L, vf *the_min) {
     return v_sel(flat, zero, scale);
 }
 
-/* Super-block scales of Q4_K from its 8 sub-blocks' (quantize_row_q4_K_ref): the header (d, dmin, 12 bytes of
+/* Super-block scales of Q4_K and Q5_K from their 8 sub-blocks' (quantize_row_q4_K_ref): the header (d, dmin, 12 bytes of
  * 6-bit scales and mins) into y, each sub-block's scale and min into d and dm. -1 where d or dmin overflows. */
-static int q4_k_header(const float *scales, const float *mins, uint8_t *y, float *d, float *dm) {
+static int kx_header(const float *scales, const float *mins, uint8_t *y, float *d, float *dm) {
     float max_scale = 0, max_min = 0;
     for (int j = 0; j < 8; j++) {
         if (scales[j] > max_scale) {
@@ -442,9 +444,33 @@ static int q4_k_header(const float *scales, const float *mins, uint8_t *y, float
     return 0;
 }
 
-/* Two Q4_K super-blocks (512 floats; the second may repeat the first), 8 lanes each. Returns a bit per
+/* The quants of one Q4_K super-block (nmax 15: 4 bits each) or Q5_K (31: the fifth bit in qh) after the header. */
+static void kx_pack(const uint8_t *q, uint8_t *y, int nmax) {
+    uint8_t *qs = y + (nmax == 15 ? 16 : 48), *qh = y + 16;
+    if (nmax == 31) {
+        memset(qh, 0, 32);
+    }
+    for (int n = 0; n < QK_K; n += 64) {
+        const uint8_t m1 = (uint8_t)(1u << (n / 32)), m2 = (uint8_t)(2u << (n / 32));
+        for (int j = 0; j < 32; j++) {
+            uint8_t l1 = q[n + j], l2 = q[n + j + 32];
+            if (l1 > 15) {
+                l1 -= 16;
+                qh[j] |= m1;
+            }
+            if (l2 > 15) {
+                l2 -= 16;
+                qh[j] |= m2;
+            }
+            qs[j] = l1 | (l2 << 4);
+        }
+        qs += 32;
+    }
+}
+
+/* Two Q4_K or Q5_K super-blocks (512 floats; the second may repeat the first), 8 lanes each. Returns a bit per
  * super-block whose scales overflow half precision (nothing written for it). */
-INLINE int q4_k_pair(const float *xb, uint8_t *y0, uint8_t *y1) {
+INLINE int kx_pair(const float *xb, uint8_t *y0, uint8_t *y1, int nmax, float rmin, int nstep) {
     vf x[32], w[32], sum_x2 = {0};
     vi L[32];
     to_lanes(xb, 32, x);
@@ -462,14 +488,14 @@ INLINE int q4_k_pair(const float *xb, uint8_t *y0, uint8_t *y1) {
         w[i] = av_x + v_abs(x[i]);
     }
     vf the_min;
-    const vf found = q4_k_search(x, w, L, &the_min);
+    const vf found = kx_search(x, w, L, &the_min, nmax, rmin, nstep);
     float scales[LANES], mins[LANES], d[LANES], dm[LANES];
     memcpy(scales, &found, sizeof scales);
     memcpy(mins, &the_min, sizeof mins);
     int overflow = 0;
     uint8_t *ys[2] = {y0, y1};
     for (int k = 0; k < 2; k++) {
-        if (q4_k_header(scales + 8 * k, mins + 8 * k, ys[k], d + 8 * k, dm + 8 * k) < 0) {
+        if (kx_header(scales + 8 * k, mins + 8 * k, ys[k], d + 8 * k, dm + 8 * k) < 0) {
             overflow |= 1 << k;
             memset(d + 8 * k, 0, 8 * sizeof(float)); /* its lanes are computed, not written */
             memset(dm + 8 * k, 0, 8 * sizeof(float));
@@ -480,7 +506,7 @@ INLINE int q4_k_pair(const float *xb, uint8_t *y0, uint8_t *y1) {
     memcpy(&dmv, dm, sizeof dmv);
     const vi nonzero = dv != v_splat(0.0f);
     for (int i = 0; i < 32; i++) { /* sub-blocks whose scale rounds to 0 keep the search's quants */
-        L[i] = v_seli(nonzero, v_clamp(v_nearest((x[i] + dmv) / dv), 0, 15), L[i]);
+        L[i] = v_seli(nonzero, v_clamp(v_nearest((x[i] + dmv) / dv), 0, nmax), L[i]);
     }
     uint8_t q[2 * QK_K];
     for (int i = 0; i < 32; i++) {
@@ -491,25 +517,16 @@ INLINE int q4_k_pair(const float *xb, uint8_t *y0, uint8_t *y1) {
         }
     }
     for (int k = 0; k < 2; k++) {
-        if (overflow & (1 << k)) {
-            continue;
-        }
-        const uint8_t *qk = q + QK_K * k;
-        uint8_t *qs = ys[k] + 16;
-        for (int j = 0; j < QK_K; j += 64) {
-            for (int l = 0; l < 32; l++) {
-                qs[l] = qk[j + l] | (qk[j + l + 32] << 4);
-            }
-            qs += 32;
+        if (!(overflow & (1 << k))) {
+            kx_pack(q + QK_K * k, ys[k], nmax);
         }
     }
     return overflow;
 }
 
-/* Encode `nblocks` Q4_K super-blocks of 256 floats from `x` into `y` (144 bytes each). Returns -1 when every block
- * was encoded, else the index of the first block left to llama.cpp's encoder (blocks before it are written). */
-MREG_CLONES
-int64_t mreg_quantize_q4_k(const float *x, uint8_t *y, int64_t nblocks) {
+/* Q4_K or Q5_K over `nblocks` super-blocks, two at a time; `bytes` a block. */
+INLINE int64_t kx_quantize(const float *x, uint8_t *y, int64_t nblocks, int nmax, float rmin, int nstep,
+                           int64_t bytes) {
     for (int64_t i = 0; i < nblocks; i += 2) {
         const float *xb = x + i * QK_K;
         if (abs_max_bits(xb, QK_K) >= 0x7f800000u) {
@@ -521,18 +538,28 @@ int64_t mreg_quantize_q4_k(const float *x, uint8_t *y, int64_t nblocks) {
             memcpy(pair, xb, QK_K * sizeof(float));
             memcpy(pair + QK_K, xb, QK_K * sizeof(float));
         }
-        uint8_t spare[Q4_K_BYTES];
-        uint8_t *y0 = y + i * Q4_K_BYTES, *y1 = two ? y0 + Q4_K_BYTES : spare;
-        const int overflow = q4_k_pair(two ? xb : pair, y0, y1);
+        uint8_t spare[Q5_K_BYTES];
+        uint8_t *y0 = y + i * bytes, *y1 = two ? y0 + bytes : spare;
+        const int overflow = kx_pair(two ? xb : pair, y0, y1, nmax, rmin, nstep);
         if (overflow & 1) {
             return i;
         }
-        if (!two && i + 1 < nblocks) {
-            return i + 1;
-        }
-        if (overflow & 2) {
+        if ((!two && i + 1 < nblocks) || (overflow & 2)) {
             return i + 1;
         }
     }
     return -1;
+}
+
+/* Encode `nblocks` Q4_K super-blocks of 256 floats from `x` into `y` (144 bytes each). Returns -1 when every block
+ * was encoded, else the index of the first block left to llama.cpp's encoder (blocks before it are written). */
+MREG_CLONES
+int64_t mreg_quantize_q4_k(const float *x, uint8_t *y, int64_t nblocks) {
+    return kx_quantize(x, y, nblocks, 15, -1.0f, 20, Q4_K_BYTES);
+}
+
+/* Q5_K likewise (176 bytes a block). */
+MREG_CLONES
+int64_t mreg_quantize_q5_k(const float *x, uint8_t *y, int64_t nblocks) {
+    return kx_quantize(x, y, nblocks, 31, -0.5f, 15, Q5_K_BYTES);
 }
