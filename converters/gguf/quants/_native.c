@@ -17,7 +17,8 @@
  *
  * Built as an optional extension (pyproject.toml): where no C compiler is present, mreg falls back to
  * llama.cpp's encoder. Loaded with ctypes, which releases the GIL for the call. Compiled with -ffp-contract=off:
- * a fused multiply-add would round v + c differently.
+ * a fused multiply-add would round v + c differently; and with -fno-math-errno, so that sqrtf is the instruction
+ * (the same correctly rounded result) rather than a call out of a vectorized clone (see INLINE below).
  */
 
 #include <float.h>
@@ -150,6 +151,9 @@ typedef int32_t vi __attribute__((vector_size(64)));
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
 #define GROUP_MAX_EPS 1e-15f
+/* Everything a clone runs is inlined into it: GCC 12 left out the vzeroupper on return paths that went through a
+ * call into default-target code, and the dirty upper halves then made llama.cpp's SSE encoders in the same thread
+ * two to five times slower (measured: ggml's Q4_K, 65 -> 320 ms per million weights, until the next vzeroupper). */
 #define INLINE static inline __attribute__((always_inline))
 
 /* ggml's nearest_int: add 1.5 * 2**23 and read the mantissa (ties to even; a wrapped value past 2**22). */
@@ -404,7 +408,7 @@ INLINE vf kx_search(const vf *x, const vf *w, vi *L, vf *the_min, int nmax, floa
 
 /* Super-block scales of Q4_K and Q5_K from their 8 sub-blocks' (quantize_row_q4_K_ref): the header (d, dmin, 12 bytes of
  * 6-bit scales and mins) into y, each sub-block's scale and min into d and dm. -1 where d or dmin overflows. */
-static int kx_header(const float *scales, const float *mins, uint8_t *y, float *d, float *dm) {
+INLINE int kx_header(const float *scales, const float *mins, uint8_t *y, float *d, float *dm) {
     float max_scale = 0, max_min = 0;
     for (int j = 0; j < 8; j++) {
         if (scales[j] > max_scale) {
@@ -445,7 +449,7 @@ static int kx_header(const float *scales, const float *mins, uint8_t *y, float *
 }
 
 /* The quants of one Q4_K super-block (nmax 15: 4 bits each) or Q5_K (31: the fifth bit in qh) after the header. */
-static void kx_pack(const uint8_t *q, uint8_t *y, int nmax) {
+INLINE void kx_pack(const uint8_t *q, uint8_t *y, int nmax) {
     uint8_t *qs = y + (nmax == 15 ? 16 : 48), *qh = y + 16;
     if (nmax == 31) {
         memset(qh, 0, 32);
@@ -535,8 +539,9 @@ INLINE int64_t kx_quantize(const float *x, uint8_t *y, int64_t nblocks, int nmax
         const int two = i + 1 < nblocks && abs_max_bits(xb + QK_K, QK_K) < 0x7f800000u;
         float pair[2 * QK_K];
         if (!two) { /* the last block, or one before a block to hand back: the second half repeats the first */
-            memcpy(pair, xb, QK_K * sizeof(float));
-            memcpy(pair + QK_K, xb, QK_K * sizeof(float));
+            for (int j = 0; j < QK_K; j++) {
+                pair[j] = pair[QK_K + j] = xb[j];
+            }
         }
         uint8_t spare[Q5_K_BYTES];
         uint8_t *y0 = y + i * bytes, *y1 = two ? y0 + bytes : spare;
