@@ -209,6 +209,18 @@ INLINE void to_lanes(const float *x, int n, vf *out) {
     }
 }
 
+/* The same over two super-blocks of 8 sub-blocks of 32, `a` in lanes 0-7 and `b` in lanes 8-15. */
+INLINE void pair_to_lanes(const float *a, const float *b, vf *out) {
+    float t[LANES];
+    for (int i = 0; i < 32; i++) {
+        for (int s = 0; s < 8; s++) {
+            t[s] = a[32 * s + i];
+            t[s + 8] = b[32 * s + i];
+        }
+        memcpy(&out[i], t, sizeof t);
+    }
+}
+
 /* The largest |x| of n floats as bits (Inf and NaN above 0x7f7fffff). */
 static inline uint32_t abs_max_bits(const float *x, int n) {
     uint32_t m = 0;
@@ -221,8 +233,9 @@ static inline uint32_t abs_max_bits(const float *x, int n) {
     return m;
 }
 
-/* make_qx_quants(16, 32, x, L, rmse_type 1, no weights) in each lane: returns the scale, L the quants + 32. */
-INLINE vf q6_k_search(const vf *x, vi *L) {
+/* make_qx_quants(16, 32, x, L, rmse_type 1, qw) in each lane, with w the importance weights qw or, without them
+ * (w NULL), x * x: returns the scale, L the quants + 32. */
+INLINE vf q6_k_search(const vf *x, const vf *qw, vi *L) {
     vf amax = {0}, max = {0};
     vf w[16], wx[16];
     for (int i = 0; i < 16; i++) {
@@ -230,7 +243,7 @@ INLINE vf q6_k_search(const vf *x, vi *L) {
         const vi bigger = ax > amax;
         amax = v_sel(bigger, ax, amax);
         max = v_sel(bigger, x[i], max);
-        w[i] = x[i] * x[i];
+        w[i] = qw ? qw[i] : x[i] * x[i];
         wx[i] = w[i] * x[i];
     }
     vf iscale = v_splat(-32.0f) / max, sumlx = {0}, suml2 = {0};
@@ -266,13 +279,17 @@ INLINE vf q6_k_search(const vf *x, vi *L) {
     return v_sel(empty, zero, scale);
 }
 
-/* One Q6_K super-block; 0, or -1 where its scale overflows half precision (nothing written then). */
-INLINE int q6_k_block(const float *xb, uint8_t *y) {
-    vf x[16];
+/* One Q6_K super-block (quantize_row_q6_K_ref, or quantize_row_q6_K_impl with its 256 importance weights `qw`);
+ * 0, or -1 where its scale overflows half precision (nothing written then). */
+INLINE int q6_k_block(const float *xb, const float *qw, uint8_t *y) {
+    vf x[16], w[16];
     vi L[16];
     to_lanes(xb, 16, x);
+    if (qw) {
+        to_lanes(qw, 16, w);
+    }
     float scales[LANES];
-    const vf found = q6_k_search(x, L);
+    const vf found = q6_k_search(x, qw ? w : NULL, L);
     memcpy(scales, &found, sizeof scales);
     float max_scale = 0, max_abs_scale = 0;
     for (int ib = 0; ib < 16; ib++) {
@@ -332,23 +349,44 @@ INLINE int q6_k_block(const float *xb, uint8_t *y) {
     return 0;
 }
 
+/* The importance weights of block i of a call whose first block is block `first` of rows of `row_blocks`. */
+INLINE const float *block_weights(const float *qw, int64_t row_blocks, int64_t first, int64_t i) {
+    return qw ? qw + (first + i) % row_blocks * QK_K : NULL;
+}
+
 /* Encode `nblocks` Q6_K super-blocks of 256 floats from `x` into `y` (210 bytes each). Returns -1 when every block
  * was encoded, else the index of the first block left to llama.cpp's encoder (blocks before it are written). */
 MREG_CLONES
 int64_t mreg_quantize_q6_k(const float *x, uint8_t *y, int64_t nblocks) {
     for (int64_t i = 0; i < nblocks; i++) {
         const float *xb = x + i * QK_K;
-        if (abs_max_bits(xb, QK_K) >= 0x7f800000u || q6_k_block(xb, y + i * Q6_K_BYTES) < 0) {
+        if (abs_max_bits(xb, QK_K) >= 0x7f800000u || q6_k_block(xb, NULL, y + i * Q6_K_BYTES) < 0) {
             return i;
         }
     }
     return -1;
 }
 
-/* make_qkx2_quants(32, nmax, x, weights, L, &the_min, Laux, rmin, 0.1, nstep, false) in each lane (Q4_K: 15, -1,
- * 20; Q5_K: 31, -0.5, 15); returns the scale and writes -min to *the_min. The search's min moves with its best
- * trial and the next trials start from it. */
-INLINE vf kx_search(const vf *x, const vf *w, vi *L, vf *the_min, int nmax, float rmin, int nstep) {
+/* The same with an importance matrix: `qw` one weight per column of rows of `row_blocks` super-blocks, `x` starting
+ * at block `first` of a row (llama.cpp's quantize_q6_K with quant_weights). */
+MREG_CLONES
+int64_t mreg_quantize_q6_k_w(const float *x, uint8_t *y, int64_t nblocks, const float *qw, int64_t row_blocks,
+                             int64_t first) {
+    for (int64_t i = 0; i < nblocks; i++) {
+        const float *xb = x + i * QK_K;
+        if (abs_max_bits(xb, QK_K) >= 0x7f800000u
+            || q6_k_block(xb, block_weights(qw, row_blocks, first, i), y + i * Q6_K_BYTES) < 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* make_qkx2_quants(32, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, false) in each lane (Q4_K: 15, -1,
+ * 0.1, 20; Q5_K: 31, -0.5, 0.1, 15); with importance weights make_qkx3_quants (-0.9, 0.05, 36), the same search
+ * (its `max <= min` is `max == min` here: min is at most the smallest x). Returns the scale and writes -min to
+ * *the_min. The search's min moves with its best trial and the next trials start from it. */
+INLINE vf kx_search(const vf *x, const vf *w, vi *L, vf *the_min, int nmax, float rmin, float rdelta, int nstep) {
     vf min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
     for (int i = 1; i < 32; i++) {
         min = v_sel(x[i] < min, x[i], min);
@@ -369,7 +407,7 @@ INLINE vf kx_search(const vf *x, const vf *w, vi *L, vf *the_min, int nmax, floa
         best = best + w[i] * diff;
     }
     for (int is = 0; is <= nstep; ++is) {
-        iscale = v_splat(rmin + 0.1f * (float)is + (float)nmax) / (max - min);
+        iscale = v_splat(rmin + rdelta * (float)is + (float)nmax) / (max - min);
         vi aux[32];
         vf sum_l = {0}, sum_l2 = {0}, sum_xl = {0};
         for (int i = 0; i < 32; i++) {
@@ -406,8 +444,42 @@ INLINE vf kx_search(const vf *x, const vf *w, vi *L, vf *the_min, int nmax, floa
     return v_sel(flat, zero, scale);
 }
 
-/* Super-block scales of Q4_K and Q5_K from their 8 sub-blocks' (quantize_row_q4_K_ref): the header (d, dmin, 12 bytes of
- * 6-bit scales and mins) into y, each sub-block's scale and min into d and dm. -1 where d or dmin overflows. */
+/* The 6-bit scales and mins of Q4_K and Q5_K (and the super-block's d, dmin) into y's header, and each sub-block's
+ * scale and min as llama.cpp reads them back (get_scale_min_k4) into d and dm. -1 where d or dmin overflows half
+ * precision (nothing written then). Scales past 63 (the weighted search's make_qp_quants can leave them) are
+ * packed, and read back, with the bits they lose, as llama.cpp does. */
+INLINE int kx_pack_scales(const uint8_t *ls, const uint8_t *lm, float d_block, float m_block, uint8_t *y, float *d,
+                          float *dm) {
+    const uint16_t hd = half_bits(d_block), hm = half_bits(m_block);
+    if ((hd & 0x7c00u) == 0x7c00u || (hm & 0x7c00u) == 0x7c00u) {
+        return -1;
+    }
+    uint8_t *sc = y + 4;
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            sc[j] = ls[j];
+            sc[j + 4] = lm[j];
+        } else {
+            sc[j + 4] = (ls[j] & 0xF) | ((lm[j] & 0xF) << 4);
+            sc[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            sc[j] |= (uint8_t)((lm[j] >> 4) << 6);
+        }
+    }
+    y[0] = (uint8_t)(hd & 0xffu);
+    y[1] = (uint8_t)(hd >> 8);
+    y[2] = (uint8_t)(hm & 0xffu);
+    y[3] = (uint8_t)(hm >> 8);
+    const float fd = half_float(hd), fm = half_float(hm);
+    for (int j = 0; j < 8; j++) {
+        const uint8_t s = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
+        const uint8_t m = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+        d[j] = fd * s;
+        dm[j] = fm * m;
+    }
+    return 0;
+}
+
+/* Super-block scales from the 8 sub-blocks' as quantize_row_q4_K_ref (and q5_K) choose them; see kx_pack_scales. */
 INLINE int kx_header(const float *scales, const float *mins, uint8_t *y, float *d, float *dm) {
     float max_scale = 0, max_min = 0;
     for (int j = 0; j < 8; j++) {
@@ -420,32 +492,99 @@ INLINE int kx_header(const float *scales, const float *mins, uint8_t *y, float *
     }
     const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
     const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-    const uint16_t hd = half_bits(max_scale / 63.f), hm = half_bits(max_min / 63.f);
-    if ((hd & 0x7c00u) == 0x7c00u || (hm & 0x7c00u) == 0x7c00u) {
-        return -1;
-    }
-    uint8_t ls[8], lm[8], *sc = y + 4;
+    uint8_t ls[8], lm[8];
     for (int j = 0; j < 8; j++) {
         ls[j] = (uint8_t)nearest_int(inv_scale * scales[j]);
         lm[j] = (uint8_t)nearest_int(inv_min * mins[j]);
         ls[j] = ls[j] < 63 ? ls[j] : 63;
         lm[j] = lm[j] < 63 ? lm[j] : 63;
     }
-    for (int j = 0; j < 4; j++) {
-        sc[j] = ls[j] | ((ls[j + 4] >> 4) << 6);
-        sc[j + 4] = lm[j] | ((lm[j + 4] >> 4) << 6);
-        sc[j + 8] = (ls[j + 4] & 0xF) | ((lm[j + 4] & 0xF) << 4);
+    return kx_pack_scales(ls, lm, max_scale / 63.f, max_min / 63.f, y, d, dm);
+}
+
+/* make_qp_quants(8, 63, x, L, qw): the 6-bit quants of 8 sub-block scales (or mins) under the weights qw (the
+ * sub-blocks' summed importance), in llama.cpp's types: L is uint8_t (a negative quant wraps) where the sums use
+ * the int. Returns the super-block's scale. */
+INLINE float make_qp(const float *x, uint8_t *L, const float *qw) {
+    const int n = 8, nmax = 63;
+    float max = 0;
+    for (int i = 0; i < n; ++i) {
+        max = max > x[i] ? max : x[i];
     }
-    y[0] = (uint8_t)(hd & 0xffu);
-    y[1] = (uint8_t)(hd >> 8);
-    y[2] = (uint8_t)(hm & 0xffu);
-    y[3] = (uint8_t)(hm >> 8);
-    const float fd = half_float(hd), fm = half_float(hm);
-    for (int j = 0; j < 8; j++) {
-        d[j] = fd * ls[j];
-        dm[j] = fm * lm[j];
+    if (max < GROUP_MAX_EPS) {
+        memset(L, 0, (size_t)n);
+        return 0.f;
     }
-    return 0;
+    float iscale = nmax / max;
+    for (int i = 0; i < n; ++i) {
+        L[i] = (uint8_t)nearest_int(iscale * x[i]);
+    }
+    float scale = 1 / iscale, best_mse = 0;
+    for (int i = 0; i < n; ++i) {
+        const float diff = x[i] - scale * L[i];
+        best_mse += qw[i] * diff * diff;
+    }
+    for (int is = -4; is <= 4; ++is) {
+        if (is == 0) {
+            continue;
+        }
+        const float iscale_is = (0.1f * is + nmax) / max, scale_is = 1 / iscale_is;
+        float mse = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = nearest_int(iscale_is * x[i]);
+            l = l < nmax ? l : nmax;
+            const float diff = x[i] - scale_is * l;
+            mse += qw[i] * diff * diff;
+        }
+        if (mse < best_mse) {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = nearest_int(iscale * x[i]);
+        l = l < nmax ? l : nmax;
+        L[i] = (uint8_t)l;
+        sumlx += qw[i] * x[i] * l;
+        suml2 += qw[i] * l * l;
+    }
+    for (int itry = 0; itry < 5; ++itry) {
+        int n_changed = 0;
+        for (int i = 0; i < n; ++i) {
+            const float w = qw[i];
+            float slx = sumlx - w * x[i] * L[i];
+            float sl2 = suml2 - w * L[i] * L[i];
+            if (slx > 0 && sl2 > 0) {
+                int new_l = nearest_int(x[i] * sl2 / slx);
+                new_l = new_l < nmax ? new_l : nmax;
+                if (new_l != L[i]) {
+                    slx += w * x[i] * new_l;
+                    sl2 += w * new_l * new_l;
+                    if (slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (uint8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        ++n_changed;
+                    }
+                }
+            }
+        }
+        if (!n_changed) {
+            break;
+        }
+    }
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* Super-block scales as quantize_row_q4_K_impl (and q5_K) choose them with importance weights (`sw`: each
+ * sub-block's summed weights); see kx_pack_scales. */
+INLINE int kx_header_weighted(const float *scales, const float *mins, const float *sw, uint8_t *y, float *d,
+                              float *dm) {
+    uint8_t ls[8], lm[8];
+    const float d_block = make_qp(scales, ls, sw);
+    const float m_block = make_qp(mins, lm, sw);
+    return kx_pack_scales(ls, lm, d_block, m_block, y, d, dm);
 }
 
 /* The quants of one Q4_K super-block (nmax 15: 4 bits each) or Q5_K (31: the fifth bit in qh) after the header. */
@@ -472,12 +611,10 @@ INLINE void kx_pack(const uint8_t *q, uint8_t *y, int nmax) {
     }
 }
 
-/* Two Q4_K or Q5_K super-blocks (512 floats; the second may repeat the first), 8 lanes each. Returns a bit per
- * super-block whose scales overflow half precision (nothing written for it). */
-INLINE int kx_pair(const float *xb, uint8_t *y0, uint8_t *y1, int nmax, float rmin, int nstep) {
-    vf x[32], w[32], sum_x2 = {0};
-    vi L[32];
-    to_lanes(xb, 32, x);
+/* Each sub-block's weights as quantize_row_q4_K_ref (and q5_K) make them: the root mean square of the sub-block
+ * plus |x|. */
+INLINE void kx_weights(const vf *x, vf *w) {
+    vf sum_x2 = {0};
     for (int i = 0; i < 32; i++) {
         sum_x2 = sum_x2 + x[i] * x[i];
     }
@@ -491,15 +628,64 @@ INLINE int kx_pair(const float *xb, uint8_t *y0, uint8_t *y1, int nmax, float rm
     for (int i = 0; i < 32; i++) {
         w[i] = av_x + v_abs(x[i]);
     }
+}
+
+/* With importance weights qw (lanes as x), as quantize_row_q4_K_impl makes them: qw * sqrt(sigma2 + x * x), sigma2
+ * twice the mean square of the whole super-block (a and b, the pair's two). `sw`: each sub-block's summed weights. */
+INLINE void kx_weights_imatrix(const float *a, const float *b, const vf *x, const vf *qw, vf *w, float *sw) {
+    float sigma2[2];
+    const float *blocks[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        float sum_x2 = 0;
+        for (int l = 0; l < QK_K; ++l) {
+            sum_x2 += blocks[k][l] * blocks[k][l];
+        }
+        sigma2[k] = 2 * sum_x2 / QK_K;
+    }
+    vf sig, sum = {0};
+    for (int s = 0; s < LANES; s++) {
+        sig[s] = sigma2[s / 8];
+    }
+    for (int i = 0; i < 32; i++) {
+        const vf t = sig + x[i] * x[i];
+        vf root;
+        for (int s = 0; s < LANES; s++) {
+            root[s] = sqrtf(t[s]);
+        }
+        w[i] = qw[i] * root;
+        sum = sum + w[i];
+    }
+    memcpy(sw, &sum, LANES * sizeof(float));
+}
+
+/* Two Q4_K or Q5_K super-blocks (a, b: the second may repeat the first), 8 lanes each, with their importance
+ * weights (qa, qb) or none (NULL). Returns a bit per super-block whose scales overflow half precision (nothing
+ * written for it). */
+INLINE int kx_pair(const float *a, const float *b, const float *qa, const float *qb, uint8_t *y0, uint8_t *y1,
+                   int nmax, float rmin, int nstep) {
+    vf x[32], w[32];
+    vi L[32];
+    float sw[LANES];
+    pair_to_lanes(a, b, x);
+    if (qa) {
+        vf qw[32];
+        pair_to_lanes(qa, qb, qw);
+        kx_weights_imatrix(a, b, x, qw, w, sw);
+    } else {
+        kx_weights(x, w);
+    }
     vf the_min;
-    const vf found = kx_search(x, w, L, &the_min, nmax, rmin, nstep);
+    const vf found = qa ? kx_search(x, w, L, &the_min, nmax, -0.9f, 0.05f, 36)
+                        : kx_search(x, w, L, &the_min, nmax, rmin, 0.1f, nstep);
     float scales[LANES], mins[LANES], d[LANES], dm[LANES];
     memcpy(scales, &found, sizeof scales);
     memcpy(mins, &the_min, sizeof mins);
     int overflow = 0;
     uint8_t *ys[2] = {y0, y1};
     for (int k = 0; k < 2; k++) {
-        if (kx_header(scales + 8 * k, mins + 8 * k, ys[k], d + 8 * k, dm + 8 * k) < 0) {
+        const int fits = qa ? kx_header_weighted(scales + 8 * k, mins + 8 * k, sw + 8 * k, ys[k], d + 8 * k, dm + 8 * k)
+                            : kx_header(scales + 8 * k, mins + 8 * k, ys[k], d + 8 * k, dm + 8 * k);
+        if (fits < 0) {
             overflow |= 1 << k;
             memset(d + 8 * k, 0, 8 * sizeof(float)); /* its lanes are computed, not written */
             memset(dm + 8 * k, 0, 8 * sizeof(float));
@@ -528,24 +714,21 @@ INLINE int kx_pair(const float *xb, uint8_t *y0, uint8_t *y1, int nmax, float rm
     return overflow;
 }
 
-/* Q4_K or Q5_K over `nblocks` super-blocks, two at a time; `bytes` a block. */
-INLINE int64_t kx_quantize(const float *x, uint8_t *y, int64_t nblocks, int nmax, float rmin, int nstep,
-                           int64_t bytes) {
+/* Q4_K or Q5_K over `nblocks` super-blocks, two at a time; `bytes` a block; `qw` as mreg_quantize_q6_k_w's. */
+INLINE int64_t kx_quantize(const float *x, uint8_t *y, int64_t nblocks, const float *qw, int64_t row_blocks,
+                           int64_t first, int nmax, float rmin, int nstep, int64_t bytes) {
     for (int64_t i = 0; i < nblocks; i += 2) {
         const float *xb = x + i * QK_K;
         if (abs_max_bits(xb, QK_K) >= 0x7f800000u) {
             return i;
         }
+        /* the last block, or one before a block to hand back, is paired with itself */
         const int two = i + 1 < nblocks && abs_max_bits(xb + QK_K, QK_K) < 0x7f800000u;
-        float pair[2 * QK_K];
-        if (!two) { /* the last block, or one before a block to hand back: the second half repeats the first */
-            for (int j = 0; j < QK_K; j++) {
-                pair[j] = pair[QK_K + j] = xb[j];
-            }
-        }
         uint8_t spare[Q5_K_BYTES];
         uint8_t *y0 = y + i * bytes, *y1 = two ? y0 + bytes : spare;
-        const int overflow = kx_pair(two ? xb : pair, y0, y1, nmax, rmin, nstep);
+        const float *q0 = block_weights(qw, row_blocks, first, i);
+        const float *q1 = two ? block_weights(qw, row_blocks, first, i + 1) : q0;
+        const int overflow = kx_pair(xb, two ? xb + QK_K : xb, q0, q1, y0, y1, nmax, rmin, nstep);
         if (overflow & 1) {
             return i;
         }
@@ -560,11 +743,25 @@ INLINE int64_t kx_quantize(const float *x, uint8_t *y, int64_t nblocks, int nmax
  * was encoded, else the index of the first block left to llama.cpp's encoder (blocks before it are written). */
 MREG_CLONES
 int64_t mreg_quantize_q4_k(const float *x, uint8_t *y, int64_t nblocks) {
-    return kx_quantize(x, y, nblocks, 15, -1.0f, 20, Q4_K_BYTES);
+    return kx_quantize(x, y, nblocks, NULL, 1, 0, 15, -1.0f, 20, Q4_K_BYTES);
 }
 
 /* Q5_K likewise (176 bytes a block). */
 MREG_CLONES
 int64_t mreg_quantize_q5_k(const float *x, uint8_t *y, int64_t nblocks) {
-    return kx_quantize(x, y, nblocks, 31, -0.5f, 15, Q5_K_BYTES);
+    return kx_quantize(x, y, nblocks, NULL, 1, 0, 31, -0.5f, 15, Q5_K_BYTES);
+}
+
+/* Q4_K with an importance matrix, as mreg_quantize_q6_k_w. */
+MREG_CLONES
+int64_t mreg_quantize_q4_k_w(const float *x, uint8_t *y, int64_t nblocks, const float *qw, int64_t row_blocks,
+                             int64_t first) {
+    return kx_quantize(x, y, nblocks, qw, row_blocks, first, 15, -1.0f, 20, Q4_K_BYTES);
+}
+
+/* Q5_K with an importance matrix, as mreg_quantize_q6_k_w. */
+MREG_CLONES
+int64_t mreg_quantize_q5_k_w(const float *x, uint8_t *y, int64_t nblocks, const float *qw, int64_t row_blocks,
+                             int64_t first) {
+    return kx_quantize(x, y, nblocks, qw, row_blocks, first, 31, -0.5f, 15, Q5_K_BYTES);
 }

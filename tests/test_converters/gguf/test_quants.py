@@ -37,12 +37,15 @@ def _ggml() -> Any:
     return fn
 
 
-def ggml_quantize(x: np.ndarray[Any, Any], qtype: str) -> np.ndarray[Any, Any]:
-    """llama.cpp's ggml_quantize_chunk (no importance matrix) on float32 rows."""
+def ggml_quantize(x: np.ndarray[Any, Any], qtype: str, importance: np.ndarray[Any, Any] | None = None
+                  ) -> np.ndarray[Any, Any]:
+    """llama.cpp's ggml_quantize_chunk on float32 rows (with one importance weight per column, or none)."""
     block, size = BLOCK[qtype]
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.zeros((x.shape[0], x.shape[1] // block * size), dtype=np.uint8)
-    written = _ggml()(GGML_TYPES[qtype], x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None)
+    weights = None if importance is None else np.ascontiguousarray(importance, dtype=np.float32)
+    written = _ggml()(GGML_TYPES[qtype], x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1],
+                      None if weights is None else weights.ctypes.data)
     assert written == out.size
     return out
 
@@ -493,3 +496,59 @@ def test_native_k_quant_goes_on_after_a_block_it_hands_back(qtype: str) -> None:
         with np.errstate(all="ignore"):
             assert np.array_equal(quantize(x, qtype, use="native"), ggml_quantize(x, qtype))
     assert calls == [32, 20, 13], "the kernel resumes after each block handed back"
+
+
+def _importances(ncols: int) -> dict[str, np.ndarray[Any, Any]]:
+    """Importance weights as imatrix files hold them (mean squared activations: skewed, some columns zero) and
+    adversarial ones (all equal, tiny, huge)."""
+    rng = np.random.default_rng(29)
+    skewed = (rng.random(ncols) ** 6 * 40).astype(np.float32)
+    return {
+        "skewed": skewed,
+        "zeros": np.where(rng.random(ncols) < 0.3, 0, skewed).astype(np.float32),
+        "ones": np.ones(ncols, np.float32),
+        "tiny": (skewed * 1e-30).astype(np.float32),
+        "huge": (skewed * 1e20 + 1).astype(np.float32),
+    }
+
+
+@pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("qtype", ["Q6_K", "Q5_K", "Q4_K"])
+def test_native_k_quant_with_an_imatrix_is_byte_identical_to_ggml(qtype: str) -> None:
+    """llama.cpp's quantize_row_*_impl: the weighted searches, make_qkx3_quants and make_qp_quants' scales."""
+    from converters.gguf import quants as gguf_quants
+
+    assert gguf_quants.backend(qtype, weighted=True) == "native"
+    size = BLOCK[qtype][1]
+    hostile = _hostile_k()
+    rows = {**_many_rows(), "hostile": np.resize(hostile, (-(-hostile.size // 4096), 4096))}  # (repeated to fill)
+    for wname, w in _importances(4096).items():
+        for name, x in rows.items():
+            with np.errstate(all="ignore"):
+                ours, theirs = quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w)
+            bad = np.nonzero((ours.reshape(-1, size) != theirs.reshape(-1, size)).any(axis=1))[0]
+            assert bad.size == 0, f"{qtype} on {name} weighted {wname}: blocks {bad[:5]} of {ours.size // size} differ"
+
+
+@pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("qtype", ["Q6_K", "Q5_K", "Q4_K"])
+def test_native_weighted_hand_back_keeps_each_blocks_columns(qtype: str) -> None:
+    """A block handed back mid-row is encoded by llama.cpp with its own columns' weights, and the kernel resumes
+    at the right column; past the hand-back limit the rest goes to llama.cpp row part by row part. Weights
+    holding NaN go to llama.cpp whole."""
+    from converters.gguf import quants as gguf_quants
+
+    block = BLOCK[qtype][0]
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((6, 5 * block)).astype(np.float32)
+    w = (rng.random(5 * block) ** 4 * 9).astype(np.float32)
+    x[0, 3 * block + 1] = np.nan
+    x[1, 4 * block] = -np.inf
+    x[3, 0] = np.inf
+    with np.errstate(all="ignore"):
+        assert np.array_equal(quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w))
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(gguf_quants, "_HANDBACKS", 1)
+            assert np.array_equal(quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w))
+        w[7] = np.nan
+        assert np.array_equal(quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w))
