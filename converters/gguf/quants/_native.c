@@ -37,9 +37,13 @@
 #ifndef MREG_CLONES
 #define MREG_CLONES
 #endif
+/* Everything a clone runs is inlined into it: GCC 12 left out the vzeroupper on return paths that went through a
+ * call into default-target code, and the dirty upper halves then made llama.cpp's SSE encoders in the same thread
+ * two to five times slower (measured: ggml's Q4_K, 65 -> 320 ms per million weights, until the next vzeroupper). */
+#define INLINE static inline __attribute__((always_inline))
 
 /* IEEE half bits of a float, round to nearest even; NaN becomes a quiet NaN of the same sign. */
-static uint16_t half_bits(float f) {
+INLINE uint16_t half_bits(float f) {
     uint32_t w;
     memcpy(&w, &f, sizeof w);
     const uint16_t sign = (uint16_t)((w >> 16) & 0x8000u);
@@ -63,7 +67,7 @@ static uint16_t half_bits(float f) {
 }
 
 /* The float a half's bits stand for (exact: every half is a float). */
-static inline float half_float(uint16_t h) {
+INLINE float half_float(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
     float f;
@@ -126,16 +130,18 @@ void mreg_half_bits(const float *x, uint16_t *out, int64_t n) {
 
 /* ---- K-quants: Q6_K, Q4_K and Q5_K ----------------------------------------------------------------------------------
  *
- * llama.cpp's quantize_row_q6_K_ref and quantize_row_q4_K_ref search a scale per sub-block (make_qx_quants,
- * make_qkx2_quants): for each of 19 or 22 trial scales, a pass over the sub-block's values with sums accumulated
- * in order. The sums cannot be reordered, but the sub-blocks are independent: here each of 16 vector lanes runs
+ * llama.cpp's quantize_row_q6_K_ref and quantize_row_q4_K_ref (and q5_K, and with an importance matrix the
+ * quantize_row_*_impl) search a scale per sub-block (make_qx_quants, make_qkx2_quants, make_qkx3_quants): for each
+ * of 17 to 38 trial scales, a pass over the sub-block's values with sums accumulated in order. The sums cannot be reordered, but the sub-blocks are independent: here each of 16 vector lanes runs
  * one sub-block's search (Q6_K: the 16 sub-blocks of one super-block; Q4_K, Q5_K: the 8 of two), every
  * lane doing the reference's float operations in the reference's order. IEEE arithmetic rounds a lane as it
  * rounds a scalar, so each lane's results are the reference's bits. Where the reference branches per sub-block
  * (a better trial scale, an all-zero group), the lanes compute both sides and select, with the same comparisons.
  *
  * Intermediate Inf and NaN (a degenerate trial of the search) reach only comparisons, which are false either way,
- * and ggml's nearest_int of a NaN (whose mantissa is the default NaN's, inputs being finite) is 0 for both. A
+ * and ggml's nearest_int of a NaN (whose mantissa is the default NaN's, inputs and weights being finite: the caller
+ * hands weights holding NaN or Inf to llama.cpp) is 0 for both. The per-super-block steps (the scales' 6- or 8-bit
+ * quantization, make_qp_quants) are scalar code in the reference's order and types. A
  * super-block holding NaN or Inf, or one whose super-block scale overflows half precision (llama.cpp writes a
  * block that decodes to Inf or NaN), is handed back: the call returns its index, blocks before it written.
  */
@@ -151,13 +157,8 @@ typedef int32_t vi __attribute__((vector_size(64)));
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
 #define GROUP_MAX_EPS 1e-15f
-/* Everything a clone runs is inlined into it: GCC 12 left out the vzeroupper on return paths that went through a
- * call into default-target code, and the dirty upper halves then made llama.cpp's SSE encoders in the same thread
- * two to five times slower (measured: ggml's Q4_K, 65 -> 320 ms per million weights, until the next vzeroupper). */
-#define INLINE static inline __attribute__((always_inline))
-
 /* ggml's nearest_int: add 1.5 * 2**23 and read the mantissa (ties to even; a wrapped value past 2**22). */
-static inline int nearest_int(float f) {
+INLINE int nearest_int(float f) {
     const float v = f + 12582912.0f;
     int32_t i;
     memcpy(&i, &v, sizeof i);
@@ -222,7 +223,7 @@ INLINE void pair_to_lanes(const float *a, const float *b, vf *out) {
 }
 
 /* The largest |x| of n floats as bits (Inf and NaN above 0x7f7fffff). */
-static inline uint32_t abs_max_bits(const float *x, int n) {
+INLINE uint32_t abs_max_bits(const float *x, int n) {
     uint32_t m = 0;
     for (int j = 0; j < n; j++) {
         uint32_t u;
