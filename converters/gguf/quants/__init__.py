@@ -144,13 +144,12 @@ def _quantize_native(lib: ctypes.CDLL, rows: Floats, qtype: str, importance: Flo
     here. Weights holding NaN or Inf go to llama.cpp's encoder whole."""
     block, size = BLOCK[qtype]
     nblocks, row_blocks = rows.size // block, rows.shape[1] // block
-    if importance is not None and not np.isfinite(importance).all():
-        return quantize(rows, qtype, use="ggml", importance=importance)
+    weights = None if importance is None else np.ascontiguousarray(importance, dtype=F32)
+    if weights is not None and not np.isfinite(weights).all():  # in float32 (1e39 is Inf there)
+        return quantize(rows, qtype, use="ggml", importance=weights)
     flat = rows.reshape(-1)
     out = np.empty((rows.shape[0], row_blocks * size), dtype=np.uint8)
     blocks = out.reshape(-1, size)
-
-    weights = None if importance is None else np.ascontiguousarray(importance, dtype=F32)
 
     def kernel(at: int) -> int:  # ctypes releases the GIL for the call
         x, y = flat.ctypes.data + 4 * block * at, blocks.ctypes.data + size * at

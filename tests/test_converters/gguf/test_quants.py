@@ -552,6 +552,9 @@ def test_native_weighted_hand_back_keeps_each_blocks_columns(qtype: str) -> None
             assert np.array_equal(quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w))
         w[7] = np.nan
         assert np.array_equal(quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w))
+        w64 = w.astype(np.float64)
+        w64[7] = 1e39  # finite in float64, Inf in the float32 llama.cpp reads
+        assert np.array_equal(quantize(x, qtype, use="native", importance=w64), ggml_quantize(x, qtype, w64))
 
 
 @pytest.mark.usefixtures("native")
