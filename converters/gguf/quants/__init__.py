@@ -10,7 +10,7 @@ the 256-element super-block K-quants in `converters.gguf.quants.kquants`.
 
 numpy runs the K-quant searches several times slower than C. When llama-cpp-python is
 installed, `quantize` therefore calls llama.cpp's own `ggml_quantize_chunk` for the block types
-(the tests hold both implementations to the same bytes). Q8_0, Q6_K, Q5_K and Q4_K have a third
+(the tests hold both implementations to the same bytes). Q8_0, Q6_K, Q5_K, Q4_K and Q2_K have a third
 implementation, mreg's own vectorized kernels (`_native.c`, built with the package where a C compiler
 is present): the same bytes as llama.cpp's reference encoders, several times faster (`NATIVE_TYPES`).
 `MREG_GGUF_QUANTIZER=numpy` forces numpy; `MREG_GGUF_QUANTIZER=ggml` forces llama.cpp's encoder (mreg's
@@ -62,7 +62,7 @@ __all__ = ["BLOCK", "NATIVE_TYPES", "NUMPY_TYPES", "Bytes", "Floats", "backend",
 NUMPY_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 #: The types mreg's own kernels (`_native.c`) encode without an importance matrix, and each one's entry point.
 _KERNELS = {"Q8_0": "mreg_quantize_q8_0", "Q6_K": "mreg_quantize_q6_k", "Q5_K": "mreg_quantize_q5_k",
-            "Q4_K": "mreg_quantize_q4_k"}
+            "Q4_K": "mreg_quantize_q4_k", "Q2_K": "mreg_quantize_q2_k"}
 #: Those they encode with one (llama.cpp's quantize_row_*_impl).
 _WEIGHTED_KERNELS = {"Q6_K": "mreg_quantize_q6_k_w", "Q5_K": "mreg_quantize_q5_k_w", "Q4_K": "mreg_quantize_q4_k_w"}
 NATIVE_TYPES = tuple(_KERNELS)

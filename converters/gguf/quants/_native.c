@@ -1,4 +1,4 @@
-/* mreg's native kernels: Q8_0, Q6_K, Q4_K and Q5_K encoding, byte-identical to llama.cpp's reference quantizers (no
+/* mreg's native kernels: Q8_0, Q6_K, Q5_K, Q4_K and Q2_K encoding, byte-identical to llama.cpp's reference quantizers (no
  * importance matrix), vectorized. Q8_0 first; the K-quants after it, with their own comment.
  *
  * llama.cpp's quantize_row_q8_0_ref (what llama-quantize writes) rounds each value with libm's roundf, a call
@@ -128,12 +128,12 @@ void mreg_half_bits(const float *x, uint16_t *out, int64_t n) {
     }
 }
 
-/* ---- K-quants: Q6_K, Q4_K and Q5_K ----------------------------------------------------------------------------------
+/* ---- K-quants: Q6_K, Q5_K, Q4_K and Q2_K ----------------------------------------------------------------------------------
  *
  * llama.cpp's quantize_row_q6_K_ref and quantize_row_q4_K_ref (and q5_K, and with an importance matrix the
  * quantize_row_*_impl) search a scale per sub-block (make_qx_quants, make_qkx2_quants, make_qkx3_quants): for each
  * of 17 to 38 trial scales, a pass over the sub-block's values with sums accumulated in order. The sums cannot be reordered, but the sub-blocks are independent: here each of 16 vector lanes runs
- * one sub-block's search (Q6_K: the 16 sub-blocks of one super-block; Q4_K, Q5_K: the 8 of two), every
+ * one sub-block's search (Q6_K, Q2_K: the 16 sub-blocks of one super-block; Q4_K, Q5_K: the 8 of two), every
  * lane doing the reference's float operations in the reference's order. IEEE arithmetic rounds a lane as it
  * rounds a scalar, so each lane's results are the reference's bits. Where the reference branches per sub-block
  * (a better trial scale, an all-zero group), the lanes compute both sides and select, with the same comparisons.
@@ -156,6 +156,7 @@ typedef int32_t vi __attribute__((vector_size(64)));
 #define Q6_K_BYTES 210
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
+#define Q2_K_BYTES 84
 #define GROUP_MAX_EPS 1e-15f
 /* ggml's nearest_int: add 1.5 * 2**23 and read the mantissa (ties to even; a wrapped value past 2**22). */
 INLINE int nearest_int(float f) {
@@ -383,13 +384,15 @@ int64_t mreg_quantize_q6_k_w(const float *x, uint8_t *y, int64_t nblocks, const 
     return -1;
 }
 
-/* make_qkx2_quants(32, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, false) in each lane (Q4_K: 15, -1,
- * 0.1, 20; Q5_K: 31, -0.5, 0.1, 15); with importance weights make_qkx3_quants (-0.9, 0.05, 36), the same search
+/* make_qkx2_quants(n, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, use_mad) in each lane (Q4_K: 32, 15,
+ * -1, 0.1, 20, false; Q5_K: 32, 31, -0.5, 0.1, 15, false; Q2_K: 16, 3, -0.5, 0.1, 15, true, its error |diff|); with
+ * importance weights make_qkx3_quants (-0.9, 0.05, 36), the same search
  * (its `max <= min` is `max == min` here: min is at most the smallest x). Returns the scale and writes -min to
  * *the_min. The search's min moves with its best trial and the next trials start from it. */
-INLINE vf kx_search(const vf *x, const vf *w, vi *L, vf *the_min, int nmax, float rmin, float rdelta, int nstep) {
+INLINE vf kx_search(const vf *x, const vf *w, vi *L, vf *the_min, int n, int nmax, float rmin, float rdelta, int nstep,
+                     int use_mad) {
     vf min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
-    for (int i = 1; i < 32; i++) {
+    for (int i = 1; i < n; i++) {
         min = v_sel(x[i] < min, x[i], min);
         max = v_sel(x[i] > max, x[i], max);
         sum_w = sum_w + w[i];
@@ -401,17 +404,17 @@ INLINE vf kx_search(const vf *x, const vf *w, vi *L, vf *the_min, int nmax, floa
     const vf flat_min = min;
     vf iscale = v_splat((float)nmax) / (max - min);
     vf scale = v_splat(1.0f) / iscale, best = {0};
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < n; i++) {
         L[i] = v_clamp(v_nearest(iscale * (x[i] - min)), 0, nmax);
         vf diff = scale * v_float(L[i]) + min - x[i];
-        diff = diff * diff;
+        diff = use_mad ? v_abs(diff) : diff * diff;
         best = best + w[i] * diff;
     }
     for (int is = 0; is <= nstep; ++is) {
         iscale = v_splat(rmin + rdelta * (float)is + (float)nmax) / (max - min);
         vi aux[32];
         vf sum_l = {0}, sum_l2 = {0}, sum_xl = {0};
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < n; i++) {
             aux[i] = v_clamp(v_nearest(iscale * (x[i] - min)), 0, nmax);
             const vf l = v_float(aux[i]);
             sum_l = sum_l + w[i] * l;
@@ -425,20 +428,20 @@ INLINE vf kx_search(const vf *x, const vf *w, vi *L, vf *the_min, int nmax, floa
         this_min = v_sel(positive, zero, this_min);
         this_scale = v_sel(positive, sum_xl / sum_l2, this_scale);
         vf cur = {0};
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < n; i++) {
             vf diff = this_scale * v_float(aux[i]) + this_min - x[i];
-            diff = diff * diff;
+            diff = use_mad ? v_abs(diff) : diff * diff;
             cur = cur + w[i] * diff;
         }
         const vi better = (D > zero) & (cur < best);
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < n; i++) {
             L[i] = v_seli(better, aux[i], L[i]);
         }
         best = v_sel(better, cur, best);
         scale = v_sel(better, this_scale, scale);
         min = v_sel(better, this_min, min);
     }
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < n; i++) {
         L[i] = v_seli(flat, v_splat_i(0), L[i]);
     }
     *the_min = -v_sel(flat, flat_min, min);
@@ -676,8 +679,8 @@ INLINE int kx_pair(const float *a, const float *b, const float *qa, const float 
         kx_weights(x, w);
     }
     vf the_min;
-    const vf found = qa ? kx_search(x, w, L, &the_min, nmax, -0.9f, 0.05f, 36)
-                        : kx_search(x, w, L, &the_min, nmax, rmin, 0.1f, nstep);
+    const vf found = qa ? kx_search(x, w, L, &the_min, 32, nmax, -0.9f, 0.05f, 36, 0)
+                        : kx_search(x, w, L, &the_min, 32, nmax, rmin, 0.1f, nstep, 0);
     float scales[LANES], mins[LANES], d[LANES], dm[LANES];
     memcpy(scales, &found, sizeof scales);
     memcpy(mins, &the_min, sizeof mins);
@@ -765,4 +768,93 @@ MREG_CLONES
 int64_t mreg_quantize_q5_k_w(const float *x, uint8_t *y, int64_t nblocks, const float *qw, int64_t row_blocks,
                              int64_t first) {
     return kx_quantize(x, y, nblocks, qw, row_blocks, first, 31, -0.5f, 15, Q5_K_BYTES);
+}
+
+/* One Q2_K super-block (quantize_row_q2_K_ref): 16 sub-blocks of 16, one a lane, weighted by |x|, their 4-bit
+ * scales and mins unclamped as llama.cpp stores them. 0, or -1 where d or dmin overflows half precision (nothing
+ * written then). */
+INLINE int q2_k_block(const float *xb, uint8_t *y) {
+    vf x[16], w[16], the_min;
+    vi L[16];
+    to_lanes(xb, 16, x);
+    for (int i = 0; i < 16; i++) {
+        w[i] = v_abs(x[i]);
+    }
+    const vf found = kx_search(x, w, L, &the_min, 16, 3, -0.5f, 0.1f, 15, 1);
+    float scales[LANES], mins[LANES];
+    memcpy(scales, &found, sizeof scales);
+    memcpy(mins, &the_min, sizeof mins);
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 16; j++) {
+        if (scales[j] > max_scale) {
+            max_scale = scales[j];
+        }
+        if (mins[j] > max_min) {
+            max_min = mins[j];
+        }
+    }
+    uint8_t sc[16] = {0};
+    uint16_t hd = half_bits(0.f), hm = half_bits(0.f);
+    if (max_scale > 0) {
+        const float iscale = 15.f / max_scale;
+        for (int j = 0; j < 16; j++) {
+            sc[j] = (uint8_t)nearest_int(iscale * scales[j]);
+        }
+        hd = half_bits(max_scale / 15.f);
+    }
+    if (max_min > 0) {
+        const float iscale = 15.f / max_min;
+        for (int j = 0; j < 16; j++) {
+            sc[j] |= (uint8_t)(nearest_int(iscale * mins[j]) << 4);
+        }
+        hm = half_bits(max_min / 15.f);
+    }
+    if ((hd & 0x7c00u) == 0x7c00u || (hm & 0x7c00u) == 0x7c00u) {
+        return -1;
+    }
+    float dsub[LANES], msub[LANES];
+    const float fd = half_float(hd), fm = half_float(hm);
+    for (int j = 0; j < 16; j++) {
+        dsub[j] = fd * (sc[j] & 0xF);
+        msub[j] = fm * (sc[j] >> 4);
+    }
+    vf d, dm;
+    memcpy(&d, dsub, sizeof d);
+    memcpy(&dm, msub, sizeof dm);
+    const vi nonzero = d != v_splat(0.0f);
+    for (int i = 0; i < 16; i++) { /* sub-blocks whose scale rounds to 0 keep the search's quants */
+        L[i] = v_seli(nonzero, v_clamp(v_nearest((x[i] + dm) / d), 0, 3), L[i]);
+    }
+    uint8_t q[QK_K];
+    for (int i = 0; i < 16; i++) {
+        int32_t t[LANES];
+        memcpy(t, &L[i], sizeof t);
+        for (int s = 0; s < LANES; s++) {
+            q[16 * s + i] = (uint8_t)t[s];
+        }
+    }
+    uint8_t *qs = y + 16;
+    for (int j = 0; j < QK_K; j += 128) {
+        for (int l = 0; l < 32; l++) {
+            qs[j / 4 + l] = q[j + l] | (q[j + l + 32] << 2) | (q[j + l + 64] << 4) | (q[j + l + 96] << 6);
+        }
+    }
+    memcpy(y, sc, sizeof sc);
+    y[80] = (uint8_t)(hd & 0xffu);
+    y[81] = (uint8_t)(hd >> 8);
+    y[82] = (uint8_t)(hm & 0xffu);
+    y[83] = (uint8_t)(hm >> 8);
+    return 0;
+}
+
+/* Encode `nblocks` Q2_K super-blocks of 256 floats from `x` into `y` (84 bytes each), as mreg_quantize_q6_k. */
+MREG_CLONES
+int64_t mreg_quantize_q2_k(const float *x, uint8_t *y, int64_t nblocks) {
+    for (int64_t i = 0; i < nblocks; i++) {
+        const float *xb = x + i * QK_K;
+        if (abs_max_bits(xb, QK_K) >= 0x7f800000u || q2_k_block(xb, y + i * Q2_K_BYTES) < 0) {
+            return i;
+        }
+    }
+    return -1;
 }
