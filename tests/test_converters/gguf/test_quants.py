@@ -271,7 +271,7 @@ def _hostile_q8_0() -> np.ndarray[Any, Any]:
 
 @pytest.fixture
 def native(monkeypatch: pytest.MonkeyPatch) -> None:
-    """mreg's Q8_0 kernel, llama.cpp's encoder where it hands blocks back (skips where the kernel is not built)."""
+    """mreg's kernels, llama.cpp's encoder where they hand blocks back (skips where they are not built)."""
     from converters.gguf import quants as gguf_quants
 
     if gguf_quants._native_kernel() is None:
@@ -288,7 +288,7 @@ def test_native_kernel_is_built_where_a_compiler_is() -> None:
     from converters.gguf import quants as gguf_quants
 
     if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler: the Q8_0 kernel is optional")
+        pytest.skip("no C compiler: the kernels are optional")
     assert gguf_quants._native_kernel() is not None, "reinstall (pip install -e .) to build _native.c"
 
 
