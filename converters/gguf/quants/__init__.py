@@ -17,7 +17,7 @@ is present): the same bytes as llama.cpp's reference encoders, several times fas
 kernels off).
 
 With an importance matrix (a weight per input column, llama.cpp's `quant_weights`) mreg's kernels
-encode Q6_K, Q5_K and Q4_K, handing blocks they cannot prove to llama.cpp's encoder; the other types,
+encode the K-quants but Q3_K, handing blocks they cannot prove to llama.cpp's encoder; the other types,
 and the IQ types (whose lattice searches mreg does not reimplement), are llama.cpp's alone. Weighted
 work therefore takes llama.cpp's encoder: `needs_ggml` says so, and the converter refuses such work,
 naming llama-cpp-python, where it is absent.
@@ -64,7 +64,8 @@ NUMPY_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2
 _KERNELS = {"Q8_0": "mreg_quantize_q8_0", "Q6_K": "mreg_quantize_q6_k", "Q5_K": "mreg_quantize_q5_k",
             "Q4_K": "mreg_quantize_q4_k", "Q2_K": "mreg_quantize_q2_k"}
 #: Those they encode with one (llama.cpp's quantize_row_*_impl).
-_WEIGHTED_KERNELS = {"Q6_K": "mreg_quantize_q6_k_w", "Q5_K": "mreg_quantize_q5_k_w", "Q4_K": "mreg_quantize_q4_k_w"}
+_WEIGHTED_KERNELS = {"Q6_K": "mreg_quantize_q6_k_w", "Q5_K": "mreg_quantize_q5_k_w", "Q4_K": "mreg_quantize_q4_k_w",
+                     "Q2_K": "mreg_quantize_q2_k_w"}
 NATIVE_TYPES = tuple(_KERNELS)
 #: Blocks handed back one at a time before the rest of a call's rows go to llama.cpp's encoder whole (a tensor of
 #: NaN would otherwise cost two calls a block).
@@ -243,7 +244,7 @@ def needs_ggml(qtype: str, weighted: bool) -> bool:
 def backend(qtype: str, weighted: bool = False) -> str:
     """Which implementation encodes `qtype` (with importance weights or not) here: "numpy", "ggml" (the same
     bytes, from llama.cpp's C, in parallel), or "native" (mreg's own vectorized kernels, the same bytes again:
-    `NATIVE_TYPES`, and Q6_K, Q5_K and Q4_K with weights)."""
+    `NATIVE_TYPES`, and the K-quants but Q3_K with weights)."""
     weighted = weighted and qtype not in _UNWEIGHTED
     if native_available() and qtype in (_WEIGHTED_KERNELS if weighted else _KERNELS):
         return "native"
@@ -259,7 +260,7 @@ def quantize(rows: Floats, qtype: str, use: str | None = None, importance: Float
 
     `importance`: one weight per column (an importance matrix's mean squared activation, as
     llama.cpp's quantizer hands it to ggml_quantize_chunk); llama.cpp's encoder, or mreg's kernels for
-    Q6_K, Q5_K and Q4_K.
+    the K-quants but Q3_K.
     """
     block, size = BLOCK[qtype]
     nrows, ncols = rows.shape

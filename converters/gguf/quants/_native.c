@@ -1,4 +1,4 @@
-/* mreg's native kernels: Q8_0, Q6_K, Q5_K, Q4_K and Q2_K encoding (Q6_K, Q5_K and Q4_K with an importance matrix
+/* mreg's native kernels: Q8_0, Q6_K, Q5_K, Q4_K and Q2_K encoding (the four K-quants with an importance matrix
  * too), byte-identical to llama.cpp's quantizers, vectorized. Q8_0 first; the K-quants after it, with their own
  * comment.
  *
@@ -509,11 +509,10 @@ INLINE int kx_header(const float *scales, const float *mins, uint8_t *y, float *
     return kx_pack_scales(ls, lm, max_scale / 63.f, max_min / 63.f, y, d, dm);
 }
 
-/* make_qp_quants(8, 63, x, L, qw): the 6-bit quants of 8 sub-block scales (or mins) under the weights qw (the
- * sub-blocks' summed importance), in llama.cpp's types: L is uint8_t (a negative quant wraps) where the sums use
- * the int. Returns the super-block's scale. */
-INLINE float make_qp(const float *x, uint8_t *L, const float *qw) {
-    const int n = 8, nmax = 63;
+/* make_qp_quants(n, nmax, x, L, qw): the quants of n sub-block scales (or mins) under the weights qw (the
+ * sub-blocks' summed importance; Q4_K, Q5_K: 8, 63; Q2_K: 16, 15), in llama.cpp's types: L is uint8_t (a negative
+ * quant wraps) where the sums use the int. Returns the super-block's scale. */
+INLINE float make_qp(const float *x, uint8_t *L, const float *qw, int n, int nmax) {
     float max = 0;
     for (int i = 0; i < n; ++i) {
         max = max > x[i] ? max : x[i];
@@ -589,8 +588,8 @@ INLINE float make_qp(const float *x, uint8_t *L, const float *qw) {
 INLINE int kx_header_weighted(const float *scales, const float *mins, const float *sw, uint8_t *y, float *d,
                               float *dm) {
     uint8_t ls[8], lm[8];
-    const float d_block = make_qp(scales, ls, sw);
-    const float m_block = make_qp(mins, lm, sw);
+    const float d_block = make_qp(scales, ls, sw, 8, 63);
+    const float m_block = make_qp(mins, lm, sw, 8, 63);
     return kx_pack_scales(ls, lm, d_block, m_block, y, d, dm);
 }
 
@@ -773,13 +772,53 @@ int64_t mreg_quantize_q5_k_w(const float *x, uint8_t *y, int64_t nblocks, const 
     return kx_quantize(x, y, nblocks, qw, row_blocks, first, 31, -0.5f, 15, Q5_K_BYTES);
 }
 
-/* One Q2_K super-block (quantize_row_q2_K_ref): 16 sub-blocks of 16, one a lane, weighted by |x|, their 4-bit
- * scales and mins unclamped as llama.cpp stores them. 0, or -1 where d or dmin overflows half precision (nothing
- * written then). */
-INLINE int q2_k_block(const float *xb, uint8_t *y) {
-    vf x[16], w[16], the_min;
-    vi L[16];
-    to_lanes(xb, 16, x);
+/* Q2_K's scales and mins with importance weights qw (quantize_row_q2_K_impl): the sub-blocks' make_qkx3_quants
+ * under qw * sqrt(sigma2 + x * x), then make_qp_quants' 4-bit quants of the scales and mins. The header into y;
+ * each sub-block's scale and min into d and dm; -1 where they overflow half precision (nothing written then). */
+INLINE int q2_k_weighted(const float *xb, const float *qwb, const vf *x, vi *L, uint8_t *y, float *d, float *dm) {
+    float sumx2 = 0;
+    for (int j = 0; j < QK_K; ++j) {
+        sumx2 += xb[j] * xb[j];
+    }
+    const vf sigma2 = v_splat(sumx2 / QK_K);
+    vf qw[16], w[16], sum = {0}, the_min;
+    to_lanes(qwb, 16, qw);
+    for (int i = 0; i < 16; i++) {
+        const vf t = sigma2 + x[i] * x[i];
+        vf root;
+        for (int s = 0; s < LANES; s++) {
+            root[s] = sqrtf(t[s]);
+        }
+        w[i] = qw[i] * root;
+        sum = sum + w[i];
+    }
+    const vf found = kx_search(x, w, L, &the_min, 16, 3, -0.9f, 0.05f, 36, 0);
+    float scales[LANES], mins[LANES], sw[LANES];
+    memcpy(scales, &found, sizeof scales);
+    memcpy(mins, &the_min, sizeof mins);
+    memcpy(sw, &sum, sizeof sw);
+    uint8_t ls[16], lm[16];
+    const uint16_t hd = half_bits(make_qp(scales, ls, sw, 16, 15)), hm = half_bits(make_qp(mins, lm, sw, 16, 15));
+    if ((hd & 0x7c00u) == 0x7c00u || (hm & 0x7c00u) == 0x7c00u) {
+        return -1;
+    }
+    const float fd = half_float(hd), fm = half_float(hm);
+    for (int j = 0; j < 16; j++) {
+        y[j] = (uint8_t)(ls[j] | (lm[j] << 4));
+        d[j] = fd * (y[j] & 0xF);
+        dm[j] = fm * (y[j] >> 4);
+    }
+    y[80] = (uint8_t)(hd & 0xffu);
+    y[81] = (uint8_t)(hd >> 8);
+    y[82] = (uint8_t)(hm & 0xffu);
+    y[83] = (uint8_t)(hm >> 8);
+    return 0;
+}
+
+/* Q2_K's scales and mins without (quantize_row_q2_K_ref): the sub-blocks' make_qkx2_quants under |x| with |diff|
+ * errors, their 4-bit quants unclamped as llama.cpp stores them; as q2_k_weighted. */
+INLINE int q2_k_plain(const vf *x, vi *L, uint8_t *y, float *d, float *dm) {
+    vf w[16], the_min;
     for (int i = 0; i < 16; i++) {
         w[i] = v_abs(x[i]);
     }
@@ -815,11 +854,28 @@ INLINE int q2_k_block(const float *xb, uint8_t *y) {
     if ((hd & 0x7c00u) == 0x7c00u || (hm & 0x7c00u) == 0x7c00u) {
         return -1;
     }
-    float dsub[LANES], msub[LANES];
     const float fd = half_float(hd), fm = half_float(hm);
     for (int j = 0; j < 16; j++) {
-        dsub[j] = fd * (sc[j] & 0xF);
-        msub[j] = fm * (sc[j] >> 4);
+        d[j] = fd * (sc[j] & 0xF);
+        dm[j] = fm * (sc[j] >> 4);
+    }
+    memcpy(y, sc, sizeof sc);
+    y[80] = (uint8_t)(hd & 0xffu);
+    y[81] = (uint8_t)(hd >> 8);
+    y[82] = (uint8_t)(hm & 0xffu);
+    y[83] = (uint8_t)(hm >> 8);
+    return 0;
+}
+
+/* One Q2_K super-block, 16 sub-blocks of 16 one a lane, with its 256 importance weights `qw` or none (NULL); 0, or
+ * -1 where its scales overflow half precision (nothing written then). */
+INLINE int q2_k_block(const float *xb, const float *qw, uint8_t *y) {
+    vf x[16];
+    vi L[16];
+    to_lanes(xb, 16, x);
+    float dsub[LANES], msub[LANES];
+    if ((qw ? q2_k_weighted(xb, qw, x, L, y, dsub, msub) : q2_k_plain(x, L, y, dsub, msub)) < 0) {
+        return -1;
     }
     vf d, dm;
     memcpy(&d, dsub, sizeof d);
@@ -842,11 +898,6 @@ INLINE int q2_k_block(const float *xb, uint8_t *y) {
             qs[j / 4 + l] = q[j + l] | (q[j + l + 32] << 2) | (q[j + l + 64] << 4) | (q[j + l + 96] << 6);
         }
     }
-    memcpy(y, sc, sizeof sc);
-    y[80] = (uint8_t)(hd & 0xffu);
-    y[81] = (uint8_t)(hd >> 8);
-    y[82] = (uint8_t)(hm & 0xffu);
-    y[83] = (uint8_t)(hm >> 8);
     return 0;
 }
 
@@ -855,7 +906,21 @@ MREG_CLONES
 int64_t mreg_quantize_q2_k(const float *x, uint8_t *y, int64_t nblocks) {
     for (int64_t i = 0; i < nblocks; i++) {
         const float *xb = x + i * QK_K;
-        if (abs_max_bits(xb, QK_K) >= 0x7f800000u || q2_k_block(xb, y + i * Q2_K_BYTES) < 0) {
+        if (abs_max_bits(xb, QK_K) >= 0x7f800000u || q2_k_block(xb, NULL, y + i * Q2_K_BYTES) < 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* Q2_K with an importance matrix, as mreg_quantize_q6_k_w. */
+MREG_CLONES
+int64_t mreg_quantize_q2_k_w(const float *x, uint8_t *y, int64_t nblocks, const float *qw, int64_t row_blocks,
+                             int64_t first) {
+    for (int64_t i = 0; i < nblocks; i++) {
+        const float *xb = x + i * QK_K;
+        if (abs_max_bits(xb, QK_K) >= 0x7f800000u
+            || q2_k_block(xb, block_weights(qw, row_blocks, first, i), y + i * Q2_K_BYTES) < 0) {
             return i;
         }
     }

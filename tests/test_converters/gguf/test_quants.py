@@ -513,7 +513,7 @@ def _importances(ncols: int) -> dict[str, np.ndarray[Any, Any]]:
 
 
 @pytest.mark.usefixtures("native")
-@pytest.mark.parametrize("qtype", ["Q6_K", "Q5_K", "Q4_K"])
+@pytest.mark.parametrize("qtype", NATIVE_K)
 def test_native_k_quant_with_an_imatrix_is_byte_identical_to_ggml(qtype: str) -> None:
     """llama.cpp's quantize_row_*_impl: the weighted searches, make_qkx3_quants and make_qp_quants' scales."""
     from converters.gguf import quants as gguf_quants
@@ -531,7 +531,7 @@ def test_native_k_quant_with_an_imatrix_is_byte_identical_to_ggml(qtype: str) ->
 
 
 @pytest.mark.usefixtures("native")
-@pytest.mark.parametrize("qtype", ["Q6_K", "Q5_K", "Q4_K"])
+@pytest.mark.parametrize("qtype", NATIVE_K)
 def test_native_weighted_hand_back_keeps_each_blocks_columns(qtype: str) -> None:
     """A block handed back mid-row is encoded by llama.cpp with its own columns' weights, and the kernel resumes
     at the right column; past the hand-back limit the rest goes to llama.cpp row part by row part. Weights
