@@ -38,8 +38,8 @@ QUANTIZATION_VERSION = 2
 
 @dataclass(frozen=True)
 class EncodedTensor:
-    """What was written for one tensor: its first and last bytes, its encoding error on sampled rows, and its
-    NaN/Inf values in the source and in what was written (every row)."""
+    """What was written for one tensor: its first and last bytes, its encoding error on sampled rows, its
+    NaN/Inf values in the source and in what was written (every row), and the encoder that wrote it."""
 
     info: TensorInfo
     choice: TensorChoice
@@ -49,6 +49,7 @@ class EncodedTensor:
     max_abs_err: float
     source_nonfinite: int = 0
     encoded_nonfinite: int = 0
+    encoder: str = ""
 
 
 @dataclass(frozen=True)

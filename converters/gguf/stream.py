@@ -22,7 +22,7 @@ from converters.gguf import imatrix
 from converters.gguf.file import HashingWriter, direct_io, header, page_in, release
 from converters.gguf.model import ModelPlan, SafetensorsReader, TensorPlan
 from converters.gguf.plan import EncodedTensor, GGUFPlan
-from converters.gguf.quants import Floats, nonfinite, quantize
+from converters.gguf.quants import Floats, backend, nonfinite, quantize
 from registry.progress import NoProgress, Progress
 
 #: Elements encoded per work item: small enough to keep memory flat, large enough to amortize numpy calls.
@@ -191,9 +191,9 @@ def write(planned: Sequence[GGUFPlan], dests: Sequence[Path], reader: Safetensor
             if out.direct:
                 page_in(out.path)
     return [(digest, [EncodedTensor(info, choice, st.head, st.tail, _rel_rmse(st), st.maxerr, st.source_nonfinite,
-                                    st.encoded_nonfinite)
-                      for info, choice, st in zip(p.infos, p.choices, pstats, strict=True)])
-            for digest, p, pstats in zip(digests, planned, stats, strict=True)]
+                                    st.encoded_nonfinite, backend(choice.qtype, w[k] is not None))
+                      for info, choice, st, w in zip(p.infos, p.choices, pstats, weights, strict=True)])
+            for k, (digest, p, pstats) in enumerate(zip(digests, planned, stats, strict=True))]
 
 
 

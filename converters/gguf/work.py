@@ -17,7 +17,7 @@ from converters.gguf import overlap
 from converters.gguf.importance import Made, importance_for
 from converters.gguf.naming import general_name, source_name
 from converters.gguf.plan import EncodedTensor, GGUFPlan, plans
-from converters.gguf.quants import backend, ggml_available, needs_ggml
+from converters.gguf.quants import ggml_available, needs_ggml
 from manifests import GGUFImportance, GGUFRequirements, Verification
 from registry.config import MREG_GGUF_QUANTIZER
 from registry.convert.configs import check_configs
@@ -126,11 +126,13 @@ def result(p: GGUFPlan, dest: Path, digest: str, encoded: list[EncodedTensor],
                    for e in encoded if e.choice.wanted},
         imatrix=importance,
     )
-    encoders = sorted({backend(c.qtype) for c in p.choices})
+    encoders: dict[str, set[str]] = {}
+    for e in encoded:
+        encoders.setdefault(e.info.qtype, set()).add(e.encoder)
     return ConversionResult(
         verification=verification,
         known_digests={dest.name: digest},
         requirements=requirements,
-        tool_versions={"gguf-encoders": "+".join(encoders)},
+        tool_versions={"gguf-encoders": ",".join(f"{q}={'+'.join(sorted(e))}" for q, e in sorted(encoders.items()))},
         weights_bytes=sum(i.nbytes for i in p.infos),
     )

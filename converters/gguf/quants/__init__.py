@@ -10,14 +10,17 @@ the 256-element super-block K-quants in `converters.gguf.quants.kquants`.
 
 numpy runs the K-quant searches several times slower than C. When llama-cpp-python is
 installed, `quantize` therefore calls llama.cpp's own `ggml_quantize_chunk` for the block types
-(the tests hold both implementations to the same bytes). Q8_0 has a third implementation, mreg's
-own vectorized kernel (`_native.c`, built with the package where a C compiler is present): the
-same bytes as llama.cpp's reference encoder at a tenth of its time. `MREG_GGUF_QUANTIZER=numpy`
-forces numpy; `MREG_GGUF_QUANTIZER=ggml` forces llama.cpp's encoder (mreg's kernel off).
+(the tests hold both implementations to the same bytes). Q8_0, Q6_K, Q5_K, Q4_K and Q2_K have a third
+implementation, mreg's own vectorized kernels (`_native.c`, built with the package where a C compiler
+is present): the same bytes as llama.cpp's reference encoders, several times faster (`NATIVE_TYPES`).
+`MREG_GGUF_QUANTIZER=numpy` forces numpy; `MREG_GGUF_QUANTIZER=ggml` forces llama.cpp's encoder (mreg's
+kernels off).
 
-With an importance matrix (a weight per input column, llama.cpp's `quant_weights`) and for the
-IQ types (whose lattice searches mreg does not reimplement) only llama.cpp's encoder is used:
-`needs_ggml` says so, and the converter refuses such work, naming llama-cpp-python, where it is absent.
+With an importance matrix (a weight per input column, llama.cpp's `quant_weights`) mreg's kernels
+encode the K-quants but Q3_K, handing blocks they cannot prove to llama.cpp's encoder; the other types,
+and the IQ types (whose lattice searches mreg does not reimplement), are llama.cpp's alone. Weighted
+work therefore takes llama.cpp's encoder: `needs_ggml` says so, and the converter refuses such work,
+naming llama-cpp-python, where it is absent.
 """
 
 from __future__ import annotations
@@ -52,11 +55,21 @@ from converters.gguf.quants.kquants import q2_k, q3_k, q4_k, q5_k, q6_k
 from registry.config import MREG_GGUF_QUANTIZER
 from registry.errors import UsageError
 
-__all__ = ["BLOCK", "NUMPY_TYPES", "Bytes", "Floats", "backend", "encoder", "ggml_available", "native_available",
-           "needs_ggml", "nonfinite", "quantize", "row_bytes", "widen_bf16"]
+__all__ = ["BLOCK", "NATIVE_TYPES", "NUMPY_TYPES", "Bytes", "Floats", "backend", "encoder", "ggml_available",
+           "native_available", "needs_ggml", "nonfinite", "quantize", "row_bytes", "widen_bf16"]
 
 #: The types mreg's numpy encoders write (the IQ types are llama.cpp's alone).
 NUMPY_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+#: The types mreg's own kernels (`_native.c`) encode without an importance matrix, and each one's entry point.
+_KERNELS = {"Q8_0": "mreg_quantize_q8_0", "Q6_K": "mreg_quantize_q6_k", "Q5_K": "mreg_quantize_q5_k",
+            "Q4_K": "mreg_quantize_q4_k", "Q2_K": "mreg_quantize_q2_k"}
+#: Those they encode with one (llama.cpp's quantize_row_*_impl).
+_WEIGHTED_KERNELS = {"Q6_K": "mreg_quantize_q6_k_w", "Q5_K": "mreg_quantize_q5_k_w", "Q4_K": "mreg_quantize_q4_k_w",
+                     "Q2_K": "mreg_quantize_q2_k_w"}
+NATIVE_TYPES = tuple(_KERNELS)
+#: Blocks handed back one at a time before the rest of a call's rows go to llama.cpp's encoder whole (a tensor of
+#: NaN would otherwise cost two calls a block).
+_HANDBACKS = 64
 #: Types ggml_quantize_chunk aborts on (GGML_ASSERT) without an importance matrix.
 _GGML_NEEDS_IMATRIX = ("IQ2_XXS", "IQ2_XS", "IQ1_S")
 #: Types whose encoders ignore importance weights (floats; Q8_0's quantize_q8_0 takes none).
@@ -83,13 +96,18 @@ def _llama_cpp_lib(name: str) -> ctypes.CDLL | None:
 
 @functools.cache
 def _native_kernel() -> ctypes.CDLL | None:
-    """mreg's Q8_0 kernel (`_native.c`), where the package was installed with it built, or None."""
+    """mreg's kernels (`_native.c`), where the package was installed with them built, or None."""
     spec = importlib.util.find_spec(f"{__name__}._native")
     if spec is None or spec.origin is None:
         return None
     lib = ctypes.CDLL(spec.origin)
-    lib.mreg_quantize_q8_0.restype = ctypes.c_int64
-    lib.mreg_quantize_q8_0.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    for name in _KERNELS.values():
+        getattr(lib, name).restype = ctypes.c_int64
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    for name in _WEIGHTED_KERNELS.values():  # and the importance weights, a row's blocks, the first block's column
+        getattr(lib, name).restype = ctypes.c_int64
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                       ctypes.c_int64, ctypes.c_int64]
     lib.mreg_half_bits.restype = None
     lib.mreg_half_bits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return lib
@@ -116,22 +134,57 @@ def check_settings() -> None:
 
 
 def native_available() -> bool:
-    """Whether mreg's own Q8_0 kernel is built here (and not turned off by MREG_GGUF_QUANTIZER)."""
+    """Whether mreg's own kernels are built here (and not turned off by MREG_GGUF_QUANTIZER)."""
     return _forced() not in ("numpy", "ggml") and _native_kernel() is not None
 
 
-def _quantize_native(lib: ctypes.CDLL, rows: Floats) -> Bytes:
-    """Q8_0 by mreg's kernel; from a block it leaves (NaN, Inf, a subnormal scale) on, by llama.cpp's encoder
-    where it is installed, else numpy's (both byte-identical to it there)."""
-    block, size = BLOCK["Q8_0"]
-    nblocks = rows.size // block
-    out = np.empty((rows.shape[0], rows.shape[1] // block * size), dtype=np.uint8)
-    stop = int(lib.mreg_quantize_q8_0(rows.ctypes.data, out.ctypes.data, nblocks))  # ctypes releases the GIL
-    if stop >= 0:
-        rest = rows.reshape(-1)[stop * block:].reshape(1, -1)  # Q8_0 blocks are independent: one long row
-        done = quantize(rest, "Q8_0", use="ggml" if ggml_available() else "numpy")
-        out.reshape(-1, size)[stop:] = done.reshape(-1, size)
+def _quantize_native(lib: ctypes.CDLL, rows: Floats, qtype: str, importance: Floats | None) -> Bytes:
+    """`qtype` by mreg's kernel; each block it hands back (NaN, Inf, a scale it cannot prove) by llama.cpp's
+    encoder where it is installed, else numpy's (both byte-identical to it there), and the kernel goes on after it.
+    The blocks are independent (with an importance matrix, given their columns' weights), so rows are one long row
+    here. Weights holding NaN or Inf go to llama.cpp's encoder whole."""
+    block, size = BLOCK[qtype]
+    nblocks, row_blocks = rows.size // block, rows.shape[1] // block
+    weights = None if importance is None else np.ascontiguousarray(importance, dtype=F32)
+    if weights is not None and not np.isfinite(weights).all():  # in float32 (1e39 is Inf there)
+        return quantize(rows, qtype, use="ggml", importance=weights)
+    flat = rows.reshape(-1)
+    out = np.empty((rows.shape[0], row_blocks * size), dtype=np.uint8)
+    blocks = out.reshape(-1, size)
+
+    def kernel(at: int) -> int:  # ctypes releases the GIL for the call
+        x, y = flat.ctypes.data + 4 * block * at, blocks.ctypes.data + size * at
+        if weights is None:
+            return int(getattr(lib, _KERNELS[qtype])(x, y, nblocks - at))
+        return int(getattr(lib, _WEIGHTED_KERNELS[qtype])(x, y, nblocks - at, weights.ctypes.data, row_blocks,
+                                                          at % row_blocks))
+
+    at = handed = 0
+    while at < nblocks and (stop := kernel(at)) >= 0:
+        stop += at
+        handed += 1
+        end = nblocks if handed >= _HANDBACKS else stop + 1
+        blocks[stop:end] = _by_llama_cpp(flat, stop, end, qtype, weights, row_blocks).reshape(-1, size)
+        at = end
     return out
+
+
+def _by_llama_cpp(flat: Floats, start: int, end: int, qtype: str, importance: Floats | None,
+                  row_blocks: int) -> Bytes:
+    """Blocks [start, end) of flattened rows by llama.cpp's encoder (numpy's where it is absent and no weights are
+    given): one long row, or with weights each row's part with its own columns' weights."""
+    block = BLOCK[qtype][0]
+    if importance is None:
+        rest = flat[start * block:end * block].reshape(1, -1)
+        return quantize(rest, qtype, use="ggml" if ggml_available() else "numpy")
+    parts = []
+    while start < end:
+        col = start % row_blocks
+        stop = min(end, start - col + row_blocks)
+        part = flat[start * block:stop * block].reshape(1, -1)
+        parts.append(quantize(part, qtype, use="ggml", importance=importance[col * block:(col + stop - start) * block]))
+        start = stop
+    return np.concatenate(parts, axis=1)
 
 
 @functools.cache
@@ -188,11 +241,15 @@ def needs_ggml(qtype: str, weighted: bool) -> bool:
     return (weighted and qtype not in _UNWEIGHTED) or qtype not in NUMPY_TYPES
 
 
-def backend(qtype: str) -> str:
-    """Which implementation encodes `qtype` here: "numpy", "ggml" (the same bytes, from llama.cpp's C, in
-    parallel), or for Q8_0 "native" (mreg's own vectorized kernel, the same bytes again)."""
-    if qtype == "Q8_0" and native_available():
+def backend(qtype: str, weighted: bool = False) -> str:
+    """Which implementation encodes `qtype` (with importance weights or not) here: "numpy", "ggml" (the same
+    bytes, from llama.cpp's C, in parallel), or "native" (mreg's own vectorized kernels, the same bytes again:
+    `NATIVE_TYPES`, and the K-quants but Q3_K with weights)."""
+    weighted = weighted and qtype not in _UNWEIGHTED
+    if native_available() and qtype in (_WEIGHTED_KERNELS if weighted else _KERNELS):
         return "native"
+    if weighted and needs_ggml(qtype, weighted):
+        return "ggml"
     # F16 and BF16 too: ggml-cpu's converters use the CPU's conversion instructions (0.09 ns per value
     # against 2.5 for numpy's F16 and 6.6 for its BF16, measured here), with the same rounding; F32 is a copy.
     return "ggml" if qtype != "F32" and _ggml_quantize_chunk() is not None else "numpy"
@@ -202,7 +259,8 @@ def quantize(rows: Floats, qtype: str, use: str | None = None, importance: Float
     """Encode float32 rows (nrows, ncols) as `qtype`; ncols must be a multiple of the block size.
 
     `importance`: one weight per column (an importance matrix's mean squared activation, as
-    llama.cpp's quantizer hands it to ggml_quantize_chunk); llama.cpp's encoder only.
+    llama.cpp's quantizer hands it to ggml_quantize_chunk); llama.cpp's encoder, or mreg's kernels for
+    the K-quants but Q3_K.
     """
     block, size = BLOCK[qtype]
     nrows, ncols = rows.shape
@@ -211,16 +269,19 @@ def quantize(rows: Floats, qtype: str, use: str | None = None, importance: Float
     rows = np.ascontiguousarray(rows, dtype=F32)
     if importance is not None and qtype in _UNWEIGHTED:
         importance = None  # llama.cpp reads no weights for these
-    engine = use or backend(qtype)
-    if needs_ggml(qtype, importance is not None) and engine != "ggml":
+    engine = use or backend(qtype, importance is not None)
+    if needs_ggml(qtype, importance is not None) and engine not in ("ggml", "native"):
         raise ValueError(f"{qtype}{' with an importance matrix' if importance is not None else ''} is encoded by "
                          "llama.cpp only (install llama-cpp-python)")
     if importance is None and qtype in _GGML_NEEDS_IMATRIX:
         raise ValueError(f"{qtype} needs an importance matrix (llama.cpp aborts without one)")
     if engine == "native":
-        if qtype != "Q8_0" or (lib := _native_kernel()) is None:
-            raise ValueError(f"mreg's native kernel encodes Q8_0 only, where it is built (asked for {qtype})")
-        return _quantize_native(lib, rows)
+        if qtype not in (_KERNELS if importance is None else _WEIGHTED_KERNELS) or (lib := _native_kernel()) is None:
+            raise ValueError(f"mreg's native kernels encode {', '.join(NATIVE_TYPES)} (and with an importance matrix "
+                             f"{', '.join(_WEIGHTED_KERNELS)}), where they are built (asked for {qtype})")
+        if importance is not None and np.shape(importance) != (ncols,):
+            raise ValueError(f"importance of shape {np.shape(importance)} for rows of {ncols} columns")
+        return _quantize_native(lib, rows, qtype, importance)
     if engine == "ggml" and qtype in _FROM_F32 and (convert := _ggml_cpu_converter(_FROM_F32[qtype])):
         halves = np.empty((nrows, ncols), dtype=np.uint16)
         convert(rows.ctypes.data, halves.ctypes.data, rows.size)  # ctypes releases the GIL here too

