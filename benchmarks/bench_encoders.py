@@ -1,0 +1,55 @@
+"""Encode time per million weights: mreg's native kernels against llama.cpp's `ggml_quantize_chunk`, one thread,
+the same rows, the bytes checked equal (best of 7, the two interleaved).
+
+    python benchmarks/bench_encoders.py [TYPE ...] [--imatrix]      (default: Q6_K Q5_K Q4_K Q2_K Q8_0)
+
+Needs mreg's kernels built (`pip install -e .` with a C compiler) and llama-cpp-python. With --imatrix, every
+column gets an importance weight (a skewed, fixed draw), as llama-quantize hands an importance matrix over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from converters.gguf.quants import NATIVE_TYPES, quantize
+
+ROWS, COLS, RUNS = 1024, 4096, 7  # 4.19 M weights
+
+
+def best(fn: Callable[[], object]) -> float:
+    """The fastest of RUNS calls, in seconds."""
+    out = []
+    for _ in range(RUNS):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return min(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("types", nargs="*", default=[t for t in ("Q6_K", "Q5_K", "Q4_K", "Q2_K", "Q8_0")
+                                                         if t in NATIVE_TYPES])
+    parser.add_argument("--imatrix", action="store_true", help="with an importance weight per column")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((ROWS, COLS)) * 0.02).astype(np.float32)
+    weights = (rng.gamma(0.5, 1.0, COLS) + 1e-3).astype(np.float32) if args.imatrix else None
+    for qtype in args.types:
+        ours = quantize(x, qtype, use="native", importance=weights)
+        theirs = quantize(x, qtype, use="ggml", importance=weights)
+        assert ours.tobytes() == theirs.tobytes(), f"{qtype}: the kernels' bytes differ from llama.cpp's"
+        native = best(functools.partial(quantize, x, qtype, use="native", importance=weights))
+        ggml = best(functools.partial(quantize, x, qtype, use="ggml", importance=weights))
+        per = 1e9 / x.size
+        print(f"{qtype}{' imatrix' if weights is not None else ''}: mreg {native * per:.1f} ms per M weights, "
+              f"ggml_quantize_chunk {ggml * per:.1f}, ratio {native / ggml:.2f} (bytes equal)")
+
+
+if __name__ == "__main__":
+    main()
