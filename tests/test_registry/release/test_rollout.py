@@ -203,7 +203,9 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[byte
 @pytest.mark.slow
 def test_killed_run_resumes_from_the_recorded_step(mreg: Any, three: str, store_root: Path, tmp_path: Path) -> None:
     log = tmp_path / "apply.log"
-    ok(mreg("rollout", "start", "m@2", "--steps", "10,20,100", "--interval", "1s", "--apply", _apply_cmd(log),
+    # The interval is the window in which this test must see step 20 and kill the run before it takes the next
+    # one: 3 s, wide enough for a loaded machine's status reads.
+    ok(mreg("rollout", "start", "m@2", "--steps", "10,20,100", "--interval", "3s", "--apply", _apply_cmd(log),
             "--json"))
     ok(mreg("rollout", "advance", "m", "--json"))
     proc = _cli("rollout", "run", "m", "--json")

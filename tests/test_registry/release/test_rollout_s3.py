@@ -91,7 +91,9 @@ def test_s3_killed_run_resumes_from_the_recorded_step(mreg: Any, remote: str, tm
     """`rollout run` SIGKILLed between steps: the record in the bucket says where it was; a new run goes on."""
     st = ["--store", remote]
     log = tmp_path / "weights"
-    ok(mreg("rollout", "start", "m@2", "--steps", "10,20,100", "--interval", "1s", "--apply",
+    # The interval is the window in which this test must see step 20 and kill the run before it takes the next
+    # one: 4 s, so that a loaded machine's slow status reads (an S3 round trip each) still fit in it.
+    ok(mreg("rollout", "start", "m@2", "--steps", "10,20,100", "--interval", "4s", "--apply",
             f'echo "$MREG_CANARY_WEIGHT" >> {log}', *st, "--json"))
     ok(mreg("rollout", "advance", "m", *st, "--json"))
     proc = subprocess.Popen([sys.executable, "-c", "from registry.cli import run; run()", "rollout", "run", "m", *st,
