@@ -142,11 +142,12 @@ def push(sink: Sink, local: LocalStore, version: Version, *, progress: Progress 
             published = there or sink.publish(version)
     else:
         published = there
+    remote, digest = published
     records = local.signatures(version.name, version.number)
     # A signature covers the manifest's bytes, which carry the number: a version numbered otherwise there keeps none.
-    same = published[0].manifest_sha256 == version.manifest_sha256
-    sent = sink.send_signatures(records, published[0]) if same else 0
-    return sink.outcome(PushOutcome(published[0], published[1], there is not None, len(missing),
+    same = remote.manifest_sha256 == version.manifest_sha256
+    sent = sink.send_signatures(records, remote) if same else 0
+    return sink.outcome(PushOutcome(remote, digest, there is not None, len(missing),
                                     sum(blobs[b] for b in missing) - resumed, len(blobs) - len(missing),
                                     signatures=sent, repaired_blobs=len(damaged),
                                     signatures_left=0 if same else len(records), resumed_bytes=resumed))

@@ -359,17 +359,25 @@ INLINE const float *block_weights(const float *qw, int64_t row_blocks, int64_t f
     return qw ? qw + (first + i) % row_blocks * QK_K : NULL;
 }
 
-/* Encode `nblocks` Q6_K super-blocks of 256 floats from `x` into `y` (210 bytes each). Returns -1 when every block
- * was encoded, else the index of the first block left to llama.cpp's encoder (blocks before it are written). */
+/* The loop of a K-quant type encoded one super-block at a time (Q6_K, Q2_K), as the body of its entry points: each of
+ * `nblocks` super-blocks of 256 floats from `x` by `encode(xb, weights, out)` into `y` (`bytes` each), `qw` as
+ * mreg_quantize_q6_k_w's. Returns -1 when every block was encoded, else the index of the first block left to
+ * llama.cpp's encoder (NaN or Inf in it, or refused by `encode`; blocks before it are written). A macro, not a
+ * function taking `encode`: every call in a clone stays inlined (see the K-quant comment). */
+#define EACH_SUPER_BLOCK(encode, bytes, qw, row_blocks, first)                                                       \
+    for (int64_t i = 0; i < nblocks; i++) {                                                                          \
+        const float *xb = x + i * QK_K;                                                                              \
+        if (abs_max_bits(xb, QK_K) >= 0x7f800000u                                                                    \
+            || encode(xb, block_weights(qw, row_blocks, first, i), y + i * (bytes)) < 0) {                           \
+            return i;                                                                                                \
+        }                                                                                                            \
+    }                                                                                                                \
+    return -1
+
+/* Encode `nblocks` Q6_K super-blocks of 256 floats from `x` into `y` (210 bytes each), as EACH_SUPER_BLOCK says. */
 MREG_CLONES
 int64_t mreg_quantize_q6_k(const float *x, uint8_t *y, int64_t nblocks) {
-    for (int64_t i = 0; i < nblocks; i++) {
-        const float *xb = x + i * QK_K;
-        if (abs_max_bits(xb, QK_K) >= 0x7f800000u || q6_k_block(xb, NULL, y + i * Q6_K_BYTES) < 0) {
-            return i;
-        }
-    }
-    return -1;
+    EACH_SUPER_BLOCK(q6_k_block, Q6_K_BYTES, NULL, 1, 0);
 }
 
 /* The same with an importance matrix: `qw` one weight per column of rows of `row_blocks` super-blocks, `x` starting
@@ -377,14 +385,7 @@ int64_t mreg_quantize_q6_k(const float *x, uint8_t *y, int64_t nblocks) {
 MREG_CLONES
 int64_t mreg_quantize_q6_k_w(const float *x, uint8_t *y, int64_t nblocks, const float *qw, int64_t row_blocks,
                              int64_t first) {
-    for (int64_t i = 0; i < nblocks; i++) {
-        const float *xb = x + i * QK_K;
-        if (abs_max_bits(xb, QK_K) >= 0x7f800000u
-            || q6_k_block(xb, block_weights(qw, row_blocks, first, i), y + i * Q6_K_BYTES) < 0) {
-            return i;
-        }
-    }
-    return -1;
+    EACH_SUPER_BLOCK(q6_k_block, Q6_K_BYTES, qw, row_blocks, first);
 }
 
 /* make_qkx2_quants(n, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, use_mad) in each lane (Q4_K: 32, 15,
@@ -904,25 +905,12 @@ INLINE int q2_k_block(const float *xb, const float *qw, uint8_t *y) {
 /* Encode `nblocks` Q2_K super-blocks of 256 floats from `x` into `y` (84 bytes each), as mreg_quantize_q6_k. */
 MREG_CLONES
 int64_t mreg_quantize_q2_k(const float *x, uint8_t *y, int64_t nblocks) {
-    for (int64_t i = 0; i < nblocks; i++) {
-        const float *xb = x + i * QK_K;
-        if (abs_max_bits(xb, QK_K) >= 0x7f800000u || q2_k_block(xb, NULL, y + i * Q2_K_BYTES) < 0) {
-            return i;
-        }
-    }
-    return -1;
+    EACH_SUPER_BLOCK(q2_k_block, Q2_K_BYTES, NULL, 1, 0);
 }
 
 /* Q2_K with an importance matrix, as mreg_quantize_q6_k_w. */
 MREG_CLONES
 int64_t mreg_quantize_q2_k_w(const float *x, uint8_t *y, int64_t nblocks, const float *qw, int64_t row_blocks,
                              int64_t first) {
-    for (int64_t i = 0; i < nblocks; i++) {
-        const float *xb = x + i * QK_K;
-        if (abs_max_bits(xb, QK_K) >= 0x7f800000u
-            || q2_k_block(xb, block_weights(qw, row_blocks, first, i), y + i * Q2_K_BYTES) < 0) {
-            return i;
-        }
-    }
-    return -1;
+    EACH_SUPER_BLOCK(q2_k_block, Q2_K_BYTES, qw, row_blocks, first);
 }
