@@ -1,7 +1,7 @@
 """Encode time per million weights: mreg's native kernels against llama.cpp's `ggml_quantize_chunk`, one thread,
 the same rows, the bytes checked equal (best of 7, the two interleaved).
 
-    python benchmarks/bench_encoders.py [TYPE ...] [--imatrix]      (default: Q6_K Q5_K Q4_K Q2_K Q8_0)
+    python benchmarks/bench_encoders.py [TYPE ...] [--imatrix]      (default: Q6_K Q5_K Q4_K Q3_K Q2_K Q8_0)
 
 Needs mreg's kernels built (`pip install -e .` with a C compiler) and llama-cpp-python. With --imatrix, every
 column gets an importance weight (a skewed, fixed draw), as llama-quantize hands an importance matrix over.
@@ -33,7 +33,7 @@ def best(fn: Callable[[], object]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("types", nargs="*", default=[t for t in ("Q6_K", "Q5_K", "Q4_K", "Q2_K", "Q8_0")
+    parser.add_argument("types", nargs="*", default=[t for t in ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "Q8_0")
                                                          if t in NATIVE_TYPES])
     parser.add_argument("--imatrix", action="store_true", help="with an importance weight per column")
     args = parser.parse_args()

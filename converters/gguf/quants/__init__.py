@@ -10,14 +10,14 @@ the 256-element super-block K-quants in `converters.gguf.quants.kquants`.
 
 numpy runs the K-quant searches several times slower than C. When llama-cpp-python is
 installed, `quantize` therefore calls llama.cpp's own `ggml_quantize_chunk` for the block types
-(the tests hold both implementations to the same bytes). Q8_0, Q6_K, Q5_K, Q4_K and Q2_K have a third
+(the tests hold both implementations to the same bytes). Q8_0 and the K-quants (Q2_K to Q6_K) have a third
 implementation, mreg's own vectorized kernels (`_native.c`, built with the package where a C compiler
 is present): the same bytes as llama.cpp's reference encoders, several times faster (`NATIVE_TYPES`).
 `MREG_GGUF_QUANTIZER=numpy` forces numpy; `MREG_GGUF_QUANTIZER=ggml` forces llama.cpp's encoder (mreg's
 kernels off).
 
 With an importance matrix (a weight per input column, llama.cpp's `quant_weights`) mreg's kernels
-encode the K-quants but Q3_K, handing blocks they cannot prove to llama.cpp's encoder; the other types,
+encode the K-quants, handing blocks they cannot prove to llama.cpp's encoder; the other types,
 and the IQ types (whose lattice searches mreg does not reimplement), are llama.cpp's alone. Weighted
 work therefore takes llama.cpp's encoder: `needs_ggml` says so, and the converter refuses such work,
 naming llama-cpp-python, where it is absent.
@@ -62,10 +62,10 @@ __all__ = ["BLOCK", "NATIVE_TYPES", "NUMPY_TYPES", "Bytes", "Floats", "backend",
 NUMPY_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 #: The types mreg's own kernels (`_native.c`) encode without an importance matrix, and each one's entry point.
 _KERNELS = {"Q8_0": "mreg_quantize_q8_0", "Q6_K": "mreg_quantize_q6_k", "Q5_K": "mreg_quantize_q5_k",
-            "Q4_K": "mreg_quantize_q4_k", "Q2_K": "mreg_quantize_q2_k"}
+            "Q4_K": "mreg_quantize_q4_k", "Q3_K": "mreg_quantize_q3_k", "Q2_K": "mreg_quantize_q2_k"}
 #: Those they encode with one (llama.cpp's quantize_row_*_impl).
 _WEIGHTED_KERNELS = {"Q6_K": "mreg_quantize_q6_k_w", "Q5_K": "mreg_quantize_q5_k_w", "Q4_K": "mreg_quantize_q4_k_w",
-                     "Q2_K": "mreg_quantize_q2_k_w"}
+                     "Q3_K": "mreg_quantize_q3_k_w", "Q2_K": "mreg_quantize_q2_k_w"}
 NATIVE_TYPES = tuple(_KERNELS)
 #: Blocks handed back one at a time before the rest of a call's rows go to llama.cpp's encoder whole (a tensor of
 #: NaN would otherwise cost two calls a block).
@@ -108,6 +108,8 @@ def _native_kernel() -> ctypes.CDLL | None:
         getattr(lib, name).restype = ctypes.c_int64
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                        ctypes.c_int64, ctypes.c_int64]
+    lib.mreg_vector_bytes.restype = ctypes.c_int
+    lib.mreg_vector_bytes.argtypes = []
     lib.mreg_half_bits.restype = None
     lib.mreg_half_bits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return lib
@@ -136,6 +138,13 @@ def check_settings() -> None:
 def native_available() -> bool:
     """Whether mreg's own kernels are built here (and not turned off by MREG_GGUF_QUANTIZER)."""
     return _forced() not in ("numpy", "ggml") and _native_kernel() is not None
+
+
+def _native_pays(qtype: str) -> bool:
+    """Whether mreg's kernel for `qtype` beats llama.cpp's encoder on this CPU: Q8_0's everywhere; the K-quants'
+    (16 vector lanes of 4 bytes) only with 32-byte vectors or wider (AVX2, AVX-512), not in their SSE clone."""
+    lib = _native_kernel()
+    return lib is not None and (qtype == "Q8_0" or int(lib.mreg_vector_bytes()) >= 32)
 
 
 def _quantize_native(lib: ctypes.CDLL, rows: Floats, qtype: str, importance: Floats | None) -> Bytes:
@@ -244,9 +253,9 @@ def needs_ggml(qtype: str, weighted: bool) -> bool:
 def backend(qtype: str, weighted: bool = False) -> str:
     """Which implementation encodes `qtype` (with importance weights or not) here: "numpy", "ggml" (the same
     bytes, from llama.cpp's C, in parallel), or "native" (mreg's own vectorized kernels, the same bytes again:
-    `NATIVE_TYPES`, and the K-quants but Q3_K with weights)."""
+    `NATIVE_TYPES`, and the K-quants with weights)."""
     weighted = weighted and qtype not in _UNWEIGHTED
-    if native_available() and qtype in (_WEIGHTED_KERNELS if weighted else _KERNELS):
+    if native_available() and qtype in (_WEIGHTED_KERNELS if weighted else _KERNELS) and _native_pays(qtype):
         return "native"
     if weighted and needs_ggml(qtype, weighted):
         return "ggml"
@@ -260,7 +269,7 @@ def quantize(rows: Floats, qtype: str, use: str | None = None, importance: Float
 
     `importance`: one weight per column (an importance matrix's mean squared activation, as
     llama.cpp's quantizer hands it to ggml_quantize_chunk); llama.cpp's encoder, or mreg's kernels for
-    the K-quants but Q3_K.
+    the K-quants.
     """
     block, size = BLOCK[qtype]
     nrows, ncols = rows.shape

@@ -1,5 +1,5 @@
-/* mreg's native kernels: Q8_0, Q6_K, Q5_K, Q4_K and Q2_K encoding (the four K-quants with an importance matrix
- * too), byte-identical to llama.cpp's quantizers, vectorized. Q8_0 first; the K-quants after it, with their own
+/* mreg's native kernels: Q8_0, Q6_K, Q5_K, Q4_K, Q3_K and Q2_K encoding (the five K-quants with an importance
+ * matrix too), byte-identical to llama.cpp's quantizers, vectorized. Q8_0 first; the K-quants after it, with their own
  * comment.
  *
  * llama.cpp's quantize_row_q8_0_ref (what llama-quantize writes) rounds each value with libm's roundf, a call
@@ -30,7 +30,11 @@
 #define QK 32
 #define BLOCK_BYTES 34
 
-#if defined(__x86_64__) && defined(__has_attribute)
+/* MREG_ONE_TARGET ("avx2", "default", ...): the entry points for that target alone, no clones, no resolver (the
+ * tests build each clone's code so, to compare its bytes on a CPU whose resolver picks another). */
+#if defined(MREG_ONE_TARGET)
+#define MREG_CLONES __attribute__((target(MREG_ONE_TARGET)))
+#elif defined(__x86_64__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define MREG_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
@@ -129,17 +133,30 @@ void mreg_half_bits(const float *x, uint16_t *out, int64_t n) {
     }
 }
 
-/* ---- K-quants: Q6_K, Q5_K, Q4_K and Q2_K ---------------------------------------------------------------------
+/* The width of the vectors the kernels' clones use on this CPU, as their resolvers choose: 64 bytes (avx512f), 32
+ * (avx2) or 16 (the default clone, and other architectures). With 16, the K-quants' 64-byte lanes become four
+ * registers each and spill: measured slower than llama.cpp's scalar encoders (Q6_K 69 against 28 ms per million
+ * weights), so mreg leaves the K-quants to llama.cpp there. */
+int mreg_vector_bytes(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") ? 64 : __builtin_cpu_supports("avx2") ? 32 : 16;
+#else
+    return 16; /* one build for the architecture's baseline: no clones */
+#endif
+}
+
+/* ---- K-quants: Q6_K, Q5_K, Q4_K, Q3_K and Q2_K ---------------------------------------------------------------
  *
- * llama.cpp's quantize_row_q6_K_ref, q5_K, q4_K and q2_K (and with an importance matrix the quantize_row_*_impl)
+ * llama.cpp's quantize_row_q6_K_ref, q5_K, q4_K, q3_K and q2_K (and with an importance matrix the quantize_row_*_impl)
  * search a scale per sub-block (make_qx_quants, make_qkx2_quants, make_qkx3_quants): for each of 16 to 38 trial
  * scales, a pass over the sub-block's values with sums accumulated in order. The sums cannot be reordered, but the
  * sub-blocks are independent: here each of 16 vector lanes runs one sub-block's search (Q6_K, Q2_K: the 16
- * sub-blocks of one super-block; Q4_K, Q5_K: the 8 of two), every lane doing the reference's float operations in
+ * sub-blocks of one super-block, and Q3_K; Q4_K, Q5_K: the 8 of two), every lane doing the reference's float operations in
  * the reference's order. IEEE arithmetic rounds a lane as it rounds a scalar, so each lane's results are the
  * reference's bits. Where the reference branches per sub-block (a better trial scale, an all-zero group), the
- * lanes compute both sides and select, with the same comparisons. (Q3_K's make_q3_quants is not here: its search
- * moves one quant at a time, a chain of divisions per sub-block; in lanes it measured 1.8x slower than llama.cpp's.)
+ * lanes compute both sides and select, with the same comparisons. (Q3_K's make_q3_quants moves one quant at a time:
+ * see its own comment.)
  *
  * Intermediate Inf and NaN (a degenerate trial of the search) reach only comparisons, which are false either way,
  * and ggml's nearest_int of a NaN (whose mantissa is the default NaN's, inputs and weights being finite: the caller
@@ -190,13 +207,41 @@ INLINE vf v_splat(float c) {
     return v;
 }
 
+/* Comparisons, each a mask (-1 or 0 a lane). GCC 12 lowers a comparison of 64-byte vectors to a compare per lane
+ * where the target has no 64-byte vectors (the avx2 and default clones: the K-quant kernels ran there slower than
+ * llama.cpp's scalar code), and in the avx512f clone where comparisons are combined with `&`; it lowers
+ * comparisons of 32-byte halves, and selects of them, to vector instructions on every target. */
+typedef float vf_half __attribute__((vector_size(32)));
+typedef int32_t vi_half __attribute__((vector_size(32)));
+#define V_COMPARE(name, type, half, op)                                                                              \
+    INLINE vi name(type a, type b) {                                                                                 \
+        half a2[2], b2[2];                                                                                           \
+        vi_half r2[2];                                                                                               \
+        memcpy(a2, &a, sizeof a2);                                                                                   \
+        memcpy(b2, &b, sizeof b2);                                                                                   \
+        r2[0] = a2[0] op b2[0];                                                                                      \
+        r2[1] = a2[1] op b2[1];                                                                                      \
+        vi r;                                                                                                        \
+        memcpy(&r, r2, sizeof r);                                                                                    \
+        return r;                                                                                                    \
+    }
+V_COMPARE(v_gt, vf, vf_half, >)
+V_COMPARE(v_lt, vf, vf_half, <)
+V_COMPARE(v_eq, vf, vf_half, ==)
+V_COMPARE(v_ne, vf, vf_half, !=)
+V_COMPARE(v_lti, vi, vi_half, <)
+V_COMPARE(v_gti, vi, vi_half, >)
+V_COMPARE(v_eqi, vi, vi_half, ==)
+V_COMPARE(v_nei, vi, vi_half, !=)
+V_COMPARE(v_gei, vi, vi_half, >=)
+
 INLINE vf v_sel(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
 
 INLINE vi v_seli(vi mask, vi a, vi b) { return (mask & a) | (~mask & b); }
 
 INLINE vi v_clamp(vi l, int32_t lo, int32_t hi) {
-    l = v_seli(l < v_splat_i(lo), v_splat_i(lo), l);
-    return v_seli(l > v_splat_i(hi), v_splat_i(hi), l);
+    l = v_seli(v_lti(l, v_splat_i(lo)), v_splat_i(lo), l);
+    return v_seli(v_gti(l, v_splat_i(hi)), v_splat_i(hi), l);
 }
 
 INLINE vf v_float(vi l) { return __builtin_convertvector(l, vf); }
@@ -238,48 +283,48 @@ INLINE uint32_t abs_max_bits(const float *x, int n) {
     return m;
 }
 
-/* make_qx_quants(16, 32, x, L, rmse_type 1, qw) in each lane, with w the importance weights qw or, without them
- * (w NULL), x * x: returns the scale, L the quants + 32. */
-INLINE vf q6_k_search(const vf *x, const vf *qw, vi *L) {
+/* make_qx_quants(16, nmax, x, L, rmse_type 1, qw) in each lane (Q6_K: nmax 32; Q3_K with importance weights: 4),
+ * with w the importance weights qw or, without them (w NULL), x * x: returns the scale, L the quants + nmax. */
+INLINE vf qx_search(const vf *x, const vf *qw, vi *L, int nmax) {
     vf amax = {0}, max = {0};
     vf w[16], wx[16];
     for (int i = 0; i < 16; i++) {
         const vf ax = v_abs(x[i]);
-        const vi bigger = ax > amax;
+        const vi bigger = v_gt(ax, amax);
         amax = v_sel(bigger, ax, amax);
         max = v_sel(bigger, x[i], max);
         w[i] = qw ? qw[i] : x[i] * x[i];
         wx[i] = w[i] * x[i];
     }
-    vf iscale = v_splat(-32.0f) / max, sumlx = {0}, suml2 = {0};
+    vf iscale = v_splat((float)-nmax) / max, sumlx = {0}, suml2 = {0};
     for (int i = 0; i < 16; i++) {
-        const vf l = v_float(v_clamp(v_nearest(iscale * x[i]), -32, 31));
+        const vf l = v_float(v_clamp(v_nearest(iscale * x[i]), -nmax, nmax - 1));
         sumlx = sumlx + wx[i] * l;
         suml2 = suml2 + w[i] * l * l;
     }
     const vf zero = {0};
-    vf scale = v_sel(suml2 != zero, sumlx / suml2, zero);
+    vf scale = v_sel(v_ne(suml2, zero), sumlx / suml2, zero);
     vf best = scale * sumlx, best_iscale = iscale;
     for (int is = -9; is <= 9; ++is) {
         if (is == 0) {
             continue;
         }
-        iscale = v_splat(-(32.0f + 0.1f * (float)is)) / max;
+        iscale = v_splat(-((float)nmax + 0.1f * (float)is)) / max;
         vf slx = {0}, sl2 = {0};
         for (int i = 0; i < 16; i++) {
-            const vf l = v_float(v_clamp(v_nearest(iscale * x[i]), -32, 31));
+            const vf l = v_float(v_clamp(v_nearest(iscale * x[i]), -nmax, nmax - 1));
             slx = slx + wx[i] * l;
             sl2 = sl2 + w[i] * l * l;
         }
-        const vi better = (sl2 > zero) & (slx * slx > best * sl2);
+        const vi better = v_gt(sl2, zero) & v_gt(slx * slx, best * sl2);
         const vf s = slx / sl2;
         scale = v_sel(better, s, scale);
         best = v_sel(better, s * slx, best);
         best_iscale = v_sel(better, iscale, best_iscale);
     }
-    const vi empty = amax < v_splat(GROUP_MAX_EPS);
+    const vi empty = v_lt(amax, v_splat(GROUP_MAX_EPS));
     for (int i = 0; i < 16; i++) {
-        L[i] = v_seli(empty, v_splat_i(0), v_clamp(v_nearest(best_iscale * x[i]), -32, 31) + 32);
+        L[i] = v_seli(empty, v_splat_i(0), v_clamp(v_nearest(best_iscale * x[i]), -nmax, nmax - 1) + nmax);
     }
     return v_sel(empty, zero, scale);
 }
@@ -294,7 +339,7 @@ INLINE int q6_k_block(const float *xb, const float *qw, uint8_t *y) {
         to_lanes(qw, 16, w);
     }
     float scales[LANES];
-    const vf found = q6_k_search(x, qw ? w : NULL, L);
+    const vf found = qx_search(x, qw ? w : NULL, L, 32);
     memcpy(scales, &found, sizeof scales);
     float max_scale = 0, max_abs_scale = 0;
     for (int ib = 0; ib < 16; ib++) {
@@ -323,7 +368,7 @@ INLINE int q6_k_block(const float *xb, const float *qw, uint8_t *y) {
     }
     vf d;
     memcpy(&d, dsub, sizeof d);
-    const vi nonzero = d != v_splat(0.0f);
+    const vi nonzero = v_ne(d, v_splat(0.0f));
     for (int i = 0; i < 16; i++) { /* sub-blocks whose scale rounds to 0 keep the search's quants */
         L[i] = v_seli(nonzero, v_clamp(v_nearest(x[i] / d), -32, 31) + 32, L[i]);
     }
@@ -397,14 +442,14 @@ INLINE vf kx_search(const vf *x, const vf *w, vi *L, vf *the_min, int n, int nma
                      int use_mad) {
     vf min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
     for (int i = 1; i < n; i++) {
-        min = v_sel(x[i] < min, x[i], min);
-        max = v_sel(x[i] > max, x[i], max);
+        min = v_sel(v_lt(x[i], min), x[i], min);
+        max = v_sel(v_gt(x[i], max), x[i], max);
         sum_w = sum_w + w[i];
         sum_x = sum_x + w[i] * x[i];
     }
     const vf zero = {0};
-    min = v_sel(min > zero, zero, min);
-    const vi flat = max == min;
+    min = v_sel(v_gt(min, zero), zero, min);
+    const vi flat = v_eq(max, min);
     const vf flat_min = min;
     vf iscale = v_splat((float)nmax) / (max - min);
     vf scale = v_splat(1.0f) / iscale, best = {0};
@@ -428,7 +473,7 @@ INLINE vf kx_search(const vf *x, const vf *w, vi *L, vf *the_min, int n, int nma
         const vf D = sum_w * sum_l2 - sum_l * sum_l;
         vf this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
         vf this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-        const vi positive = this_min > zero;
+        const vi positive = v_gt(this_min, zero);
         this_min = v_sel(positive, zero, this_min);
         this_scale = v_sel(positive, sum_xl / sum_l2, this_scale);
         vf cur = {0};
@@ -437,7 +482,7 @@ INLINE vf kx_search(const vf *x, const vf *w, vi *L, vf *the_min, int n, int nma
             diff = use_mad ? v_abs(diff) : diff * diff;
             cur = cur + w[i] * diff;
         }
-        const vi better = (D > zero) & (cur < best);
+        const vi better = v_gt(D, zero) & v_lt(cur, best);
         for (int i = 0; i < n; i++) {
             L[i] = v_seli(better, aux[i], L[i]);
         }
@@ -701,7 +746,7 @@ INLINE int kx_pair(const float *a, const float *b, const float *qa, const float 
     vf dv, dmv;
     memcpy(&dv, d, sizeof dv);
     memcpy(&dmv, dm, sizeof dmv);
-    const vi nonzero = dv != v_splat(0.0f);
+    const vi nonzero = v_ne(dv, v_splat(0.0f));
     for (int i = 0; i < 32; i++) { /* sub-blocks whose scale rounds to 0 keep the search's quants */
         L[i] = v_seli(nonzero, v_clamp(v_nearest((x[i] + dmv) / dv), 0, nmax), L[i]);
     }
@@ -881,7 +926,7 @@ INLINE int q2_k_block(const float *xb, const float *qw, uint8_t *y) {
     vf d, dm;
     memcpy(&d, dsub, sizeof d);
     memcpy(&dm, msub, sizeof dm);
-    const vi nonzero = d != v_splat(0.0f);
+    const vi nonzero = v_ne(d, v_splat(0.0f));
     for (int i = 0; i < 16; i++) { /* sub-blocks whose scale rounds to 0 keep the search's quants */
         L[i] = v_seli(nonzero, v_clamp(v_nearest((x[i] + dm) / d), 0, 3), L[i]);
     }
@@ -913,4 +958,293 @@ MREG_CLONES
 int64_t mreg_quantize_q2_k_w(const float *x, uint8_t *y, int64_t nblocks, const float *qw, int64_t row_blocks,
                              int64_t first) {
     EACH_SUPER_BLOCK(q2_k_block, Q2_K_BYTES, qw, row_blocks, first);
+}
+
+/* Q3_K (quantize_row_q3_K_ref, and quantize_row_q3_K_impl with importance weights). With weights the sub-blocks'
+ * scales come from qx_search in lanes, as Q6_K's do. Without, each sub-block runs make_q3_quants' rmse search: up to
+ * 5 sweeps over its 16 values, each value's best quant given the others' sums, a change kept when it lowers the
+ * error, so every kept change moves the sums the next value sees. One value at a time in lanes, that is a chain of
+ * divisions per sub-block, and the slowest of 16 lanes sets the pace (measured 1.8x slower than llama.cpp's scalar
+ * loop, whose branch predictor runs ahead on the usual "no change"). Here a sub-block's 16 values are one vector:
+ * each pass evaluates all of them against the sums as they stand, independently, and keeps only the first change
+ * at or after the sweep's place. The values before it saw the same sums in the reference; those after it are
+ * evaluated again in the next pass, against the new sums. A sweep ends at a pass with nothing to keep. So a
+ * sub-block costs a pass per kept change and per sweep (on normal weights 0.43 changes and 1.26 sweeps). */
+
+#define Q3_K_BYTES 110
+
+/* The lowest lane of a mask that is set, or LANES where none is. */
+INLINE int first_lane(vi mask) {
+    int32_t t[LANES];
+    memcpy(t, &mask, sizeof t);
+    uint32_t bits = 1u << LANES;
+    for (int s = 0; s < LANES; s++) {
+        bits |= (uint32_t)(t[s] & 1) << s;
+    }
+    return __builtin_ctz(bits);
+}
+
+/* The sweeps of make_q3_quants(16, 4, x, L, true) on one sub-block, its 16 values x one vector, from its first quants
+ * L and their sums. Returns the scale, q the quants + 4. */
+INLINE float q3_k_sweeps(vf x, vi L, float sumlx, float suml2, uint8_t *q) {
+    const vf zero = {0}, w = x * x, wx = w * x;
+    vi lane;
+    for (int s = 0; s < LANES; s++) {
+        lane[s] = s;
+    }
+    for (int sweep = 0; sweep < 5; ++sweep) {
+        int changed = 0;
+        for (int start = 0; start < 16;) {
+            const vf fl = v_float(L);
+            const vf slx = v_splat(sumlx) - wx * fl, sl2 = v_splat(suml2) - w * fl * fl;
+            const vi nl = v_clamp(v_nearest(x * sl2 / slx), -4, 3);
+            const vf n = v_float(nl), slx_new = slx + wx * n, sl2_new = sl2 + w * n * n;
+            const int at = first_lane(v_gt(slx, zero) & v_gt(sl2_new, zero)
+                                      & v_gt(slx_new * slx_new * v_splat(suml2), v_splat(sumlx * sumlx) * sl2_new)
+                                      & v_nei(nl, L) & v_gei(lane, v_splat_i(start)));
+            if (at == LANES) {
+                break;
+            }
+            L[at] = nl[at];
+            sumlx = slx_new[at];
+            suml2 = sl2_new[at];
+            ++changed;
+            start = at + 1;
+        }
+        if (!changed) {
+            break;
+        }
+    }
+    for (int i = 0; i < 16; ++i) {
+        q[i] = (uint8_t)(L[i] + 4);
+    }
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* make_q3_quants(16, 4, x, L, true) on the 16 sub-blocks of xb: their scales, q their quants + 4 (0 in an empty
+ * sub-block). The first quants, their sums and the first sweep's first pass run in lanes, a sub-block a lane; a
+ * sub-block with nothing to change there is done (most are), the others sweep on their own (q3_k_sweeps). */
+INLINE void q3_k_search(const float *xb, float *scales, uint8_t *q) {
+    vf x[16], w[16], wx[16], amax = {0}, max = {0}, sumlx = {0}, suml2 = {0};
+    vi L[16];
+    to_lanes(xb, 16, x);
+    for (int i = 0; i < 16; i++) {
+        const vf ax = v_abs(x[i]);
+        const vi bigger = v_gt(ax, amax);
+        amax = v_sel(bigger, ax, amax);
+        max = v_sel(bigger, x[i], max);
+    }
+    const vf zero = {0}, iscale = v_splat(-4.0f) / max;
+    for (int i = 0; i < 16; i++) {
+        L[i] = v_clamp(v_nearest(iscale * x[i]), -4, 3);
+        w[i] = x[i] * x[i];
+        wx[i] = w[i] * x[i];
+        const vf l = v_float(L[i]);
+        sumlx = sumlx + wx[i] * l;
+        suml2 = suml2 + w[i] * l * l;
+    }
+    vi change = v_lt(amax, v_splat(GROUP_MAX_EPS)); /* empty: no search (set here, cleared below) */
+    const vi empty = change;
+    const vf sq = sumlx * sumlx;
+    for (int i = 0; i < 16; i++) {
+        const vf l = v_float(L[i]);
+        const vf slx = sumlx - wx[i] * l, sl2 = suml2 - w[i] * l * l;
+        const vi nl = v_clamp(v_nearest(x[i] * sl2 / slx), -4, 3);
+        const vf n = v_float(nl), slx_new = slx + wx[i] * n, sl2_new = sl2 + w[i] * n * n;
+        change = change | (v_gt(slx, zero) & v_gt(sl2_new, zero) & v_gt(slx_new * slx_new * suml2, sq * sl2_new)
+                           & v_nei(nl, L[i]));
+    }
+    change = change & ~empty;
+    const vf scale = v_sel(v_gt(suml2, zero), sumlx / suml2, zero);
+    for (int s = 0; s < LANES; s++) {
+        if (empty[s]) {
+            scales[s] = 0.f;
+            memset(q + 16 * s, 0, 16);
+        } else if (!change[s]) {
+            scales[s] = scale[s];
+            for (int i = 0; i < 16; i++) {
+                q[16 * s + i] = (uint8_t)(L[i][s] + 4);
+            }
+        } else {
+            vf xs;
+            vi ls;
+            memcpy(&xs, xb + 16 * s, sizeof xs);
+            for (int i = 0; i < 16; i++) {
+                ls[i] = L[i][s];
+            }
+            scales[s] = q3_k_sweeps(xs, ls, sumlx[s], suml2[s], q + 16 * s);
+        }
+    }
+}
+
+/* make_qx_quants(n, nmax, x, L, 1, qw), scalar: Q3_K's 6-bit quants of its 16 sub-block scales under their summed
+ * importance (quantize_row_q3_K_impl). Returns the super-block's scale, L the quants + nmax. */
+INLINE float make_qx(const float *x, int8_t *L, const float *qw, int n, int nmax) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; ++i) {
+        const float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[i];
+        }
+    }
+    if (amax < GROUP_MAX_EPS) {
+        memset(L, 0, (size_t)n);
+        return 0.f;
+    }
+    float iscale = -nmax / max, sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = nearest_int(iscale * x[i]);
+        l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+        L[i] = (int8_t)(l + nmax);
+        sumlx += qw[i] * x[i] * l;
+        suml2 += qw[i] * l * l;
+    }
+    float scale = suml2 != 0 ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+    for (int is = -9; is <= 9; ++is) {
+        if (is == 0) {
+            continue;
+        }
+        iscale = -(nmax + 0.1f * is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = nearest_int(iscale * x[i]);
+            l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+            sumlx += qw[i] * x[i] * l;
+            suml2 += qw[i] * l * l;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; ++i) {
+                int l = nearest_int(iscale * x[i]);
+                L[i] = (int8_t)(nmax + (l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l));
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+/* Q3_K's 16 scales, 6 bits each (biased by 32), into its 12 bytes as llama.cpp packs them. */
+INLINE void q3_k_pack_scales(const int *ls, uint8_t *sc) {
+    memset(sc, 0, 12);
+    for (int j = 0; j < 16; j++) {
+        int l = ls[j];
+        if (j < 8) {
+            sc[j] = (uint8_t)(l & 0xF);
+        } else {
+            sc[j - 8] |= (uint8_t)((l & 0xF) << 4);
+        }
+        l >>= 4;
+        sc[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
+    }
+}
+
+/* One Q3_K super-block with its 256 importance weights `qw` or none (NULL); 0, or -1 where its scale overflows half
+ * precision (nothing written then). */
+INLINE int q3_k_block(const float *xb, const float *qw, uint8_t *y) {
+    uint8_t q[QK_K];
+    float scales[LANES];
+    int ls[16];
+    uint16_t hd;
+    if (qw) { /* 16 sub-blocks of 16 one a lane */
+        vf x[16], qv[16], w[16], sum = {0};
+        vi L[16];
+        to_lanes(xb, 16, x);
+        to_lanes(qw, 16, qv);
+        float sumx2 = 0;
+        for (int j = 0; j < QK_K; ++j) {
+            sumx2 += xb[j] * xb[j];
+        }
+        const vf sigma2 = v_splat(2 * sumx2 / QK_K);
+        for (int i = 0; i < 16; i++) {
+            const vf t = sigma2 + x[i] * x[i];
+            vf root;
+            for (int s = 0; s < LANES; s++) {
+                root[s] = sqrtf(t[s]);
+            }
+            w[i] = qv[i] * root;
+            sum = sum + w[i];
+        }
+        const vf found = qx_search(x, w, L, 4);
+        memcpy(scales, &found, sizeof scales);
+        for (int i = 0; i < 16; i++) {
+            for (int s = 0; s < LANES; s++) {
+                q[16 * s + i] = (uint8_t)L[i][s];
+            }
+        }
+        float sw[LANES];
+        memcpy(sw, &sum, sizeof sw);
+        int8_t q6[16];
+        hd = half_bits(make_qx(scales, q6, sw, 16, 32));
+        for (int j = 0; j < 16; j++) {
+            ls[j] = q6[j];
+        }
+    } else {
+        float max_scale = 0, amax = 0;
+        q3_k_search(xb, scales, q);
+        for (int j = 0; j < 16; j++) {
+            const float scale = fabsf(scales[j]);
+            if (scale > amax) {
+                amax = scale;
+                max_scale = scales[j];
+            }
+        }
+        memset(ls, 0, sizeof ls);
+        hd = half_bits(0.f);
+        if (max_scale != 0) {
+            const float iscale = -32.f / max_scale;
+            for (int j = 0; j < 16; j++) {
+                const int l = (int8_t)nearest_int(iscale * scales[j]);
+                ls[j] = (l < -32 ? -32 : l > 31 ? 31 : l) + 32;
+            }
+            hd = half_bits(1 / iscale);
+        }
+    }
+    if ((hd & 0x7c00u) == 0x7c00u) {
+        return -1;
+    }
+    uint8_t *sc = y + 96;
+    q3_k_pack_scales(ls, sc);
+    const float dh = half_float(hd);
+    for (int j = 0; j < 16; j++) { /* each scale as llama.cpp reads it back; 0 keeps the search's quants */
+        const int low = j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4;
+        const float d = dh * (float)((int8_t)(low | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32);
+        if (d == 0) {
+            continue;
+        }
+        vf x;
+        memcpy(&x, xb + 16 * j, sizeof x);
+        const vi l = v_clamp(v_nearest(x / v_splat(d)), -4, 3) + 4;
+        for (int i = 0; i < 16; i++) {
+            q[16 * j + i] = (uint8_t)l[i];
+        }
+    }
+    uint8_t *hmask = y, *qs = y + 32;
+    memset(hmask, 0, 32);
+    for (int j = 0; j < QK_K; j++) { /* the high bit of quant j in bit j / 32 of byte j % 32 (no branch: half are) */
+        hmask[j % 32] |= (uint8_t)((q[j] >> 2) << (j / 32));
+        q[j] &= 3;
+    }
+    for (int j = 0; j < QK_K; j += 128) {
+        for (int l = 0; l < 32; l++) {
+            qs[j / 4 + l] = q[j + l] | (q[j + l + 32] << 2) | (q[j + l + 64] << 4) | (q[j + l + 96] << 6);
+        }
+    }
+    y[108] = (uint8_t)(hd & 0xffu);
+    y[109] = (uint8_t)(hd >> 8);
+    return 0;
+}
+
+/* Encode `nblocks` Q3_K super-blocks of 256 floats from `x` into `y` (110 bytes each), as mreg_quantize_q6_k. */
+MREG_CLONES
+int64_t mreg_quantize_q3_k(const float *x, uint8_t *y, int64_t nblocks) {
+    EACH_SUPER_BLOCK(q3_k_block, Q3_K_BYTES, NULL, 1, 0);
+}
+
+/* Q3_K with an importance matrix, as mreg_quantize_q6_k_w. */
+MREG_CLONES
+int64_t mreg_quantize_q3_k_w(const float *x, uint8_t *y, int64_t nblocks, const float *qw, int64_t row_blocks,
+                             int64_t first) {
+    EACH_SUPER_BLOCK(q3_k_block, Q3_K_BYTES, qw, row_blocks, first);
 }

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import platform
 import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -296,6 +298,22 @@ def test_native_kernel_is_built_where_a_compiler_is() -> None:
 
 
 @pytest.mark.usefixtures("native")
+def test_native_k_quants_are_chosen_only_where_their_vectors_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The K-quant kernels' 16 lanes pay with 32-byte vectors or wider (their SSE clone ran slower than llama.cpp's
+    scalar encoders): on such a CPU `backend` picks llama.cpp's encoder for them, and still mreg's Q8_0."""
+    from converters.gguf import quants as gguf_quants
+
+    lib = gguf_quants._native_kernel()
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").is_file() else set()
+    here = lib.mreg_vector_bytes()
+    assert here == (64 if "avx512f" in flags else 32 if "avx2" in flags else 16) or not flags
+    for width, k_quants in ((16, "ggml"), (32, "native"), (64, "native")):
+        monkeypatch.setattr(lib, "mreg_vector_bytes", lambda w=width: w)
+        assert [gguf_quants.backend(t) for t in ("Q8_0", "Q4_K", "Q3_K")] == ["native", k_quants, k_quants]
+        assert gguf_quants.backend("Q6_K", weighted=True) == k_quants
+
+
+@pytest.mark.usefixtures("native")
 def test_native_q8_0_is_byte_identical_to_ggml_on_hostile_blocks() -> None:
     from converters.gguf import quants as gguf_quants
 
@@ -500,6 +518,45 @@ def test_native_k_quant_goes_on_after_a_block_it_hands_back(qtype: str) -> None:
         with np.errstate(all="ignore"):
             assert np.array_equal(quantize(x, qtype, use="native"), ggml_quantize(x, qtype))
     assert calls == [32, 20, 13], "the kernel resumes after each block handed back"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("target", ["avx2", "default"])
+def test_native_kernels_of_every_clone_write_llamas_bytes(target: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resolver runs one clone of each kernel here (avx512f on an AVX-512 CPU); the others' code differs (the
+    same vectors in narrower registers). Each clone built alone (MREG_ONE_TARGET) writes llama.cpp's bytes too."""
+    from converters.gguf import quants as gguf_quants
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").is_file() else set()
+    if cc is None or platform.machine() != "x86_64" or (target == "avx2" and "avx2" not in flags):
+        pytest.skip(f"needs a C compiler and an x86-64 CPU that runs {target} code")
+    built = tmp_path / f"native-{target}.so"
+    source = Path(gguf_quants.__file__).with_name("_native.c")
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-g0", "-ffp-contract=off", "-fno-math-errno", "-w",
+                    f'-DMREG_ONE_TARGET="{target}"', str(source), "-o", str(built)], check=True)
+    lib = ctypes.CDLL(str(built))
+    for name in gguf_quants._KERNELS.values():
+        getattr(lib, name).restype = ctypes.c_int64
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    for name in gguf_quants._WEIGHTED_KERNELS.values():
+        getattr(lib, name).restype = ctypes.c_int64
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                       ctypes.c_int64, ctypes.c_int64]
+    monkeypatch.setattr(gguf_quants, "_native_kernel", lambda: lib)
+    hostile = _hostile_k()
+    rows = {**_many_rows(), "hostile": np.resize(hostile, (-(-hostile.size // 4096), 4096))}
+    weights = _importances(4096)["skewed"]
+    for qtype in NATIVE_TYPES:
+        size = BLOCK[qtype][1]
+        for w in (None, weights) if qtype in gguf_quants._WEIGHTED_KERNELS else (None,):
+            for name, x in rows.items():
+                with np.errstate(all="ignore"):
+                    ours, theirs = quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w)
+                bad = np.nonzero((ours.reshape(-1, size) != theirs.reshape(-1, size)).any(axis=1))[0]
+                assert bad.size == 0, f"{target} {qtype} on {name} (weighted: {w is not None}): blocks {bad[:5]} differ"
 
 
 def _importances(ncols: int) -> dict[str, np.ndarray[Any, Any]]:
