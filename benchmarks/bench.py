@@ -22,9 +22,10 @@
 10. (`bench_moe.py`) a 3.6 GB Mixtral-shaped checkpoint (8 experts in each of 24 layers) pulled and converted
    to F16 and Q4_K_M against llama.cpp's converter and quantizer, and the same experts as 32 per layer (`--only moe`).
 11. (`bench_firstrun.py`) the first GGUF run from a checkpoint directory, `mreg pull DIR` + `mreg convert DIR
-   --to gguf:F16|Q8_0` from an empty cache and store, against `convert_hf_to_gguf.py` on the same directory:
-   the 1.1 B TinyLlama shape (`--only firstrun`), and Llama 2 7B's shape (`--only firstrun-7b`, not in the
-   default run: about 45 GB of disk).
+   --to gguf:F16|Q8_0|Q4_K_M` from an empty cache and store, against `convert_hf_to_gguf.py` on the same
+   directory (for Q4_K_M, to F16 and then llama.cpp's `llama_model_quantize`): the 1.1 B TinyLlama shape
+   (`--only firstrun`), and Llama 2 7B's shape (`--only firstrun-7b`, not in the default run: about 45 GB of
+   disk).
 
 Writes bench-results/bench.json (with the date and the machine; `python benchmarks/render.py
 bench-results/bench.json` turns it into docs/benchmarks.md). Needs about 15 GB of free disk in --workdir

@@ -195,14 +195,19 @@ def settle(warm: Sequence[Path], imports: Sequence[str] = (sys.executable, "-c",
 
 def _timed(cmd: list[str], env: dict[str, str], cwd: Path | None = None,
            warm: Sequence[Path] = ()) -> tuple[float, dict[str, float], str]:
-    """Wall seconds, memory figures in MB and stdout of a command, started after `settle(warm)`.
+    """Wall seconds, memory figures in MB and stdout of a command, started after `settle(warm)`."""
+    settle(warm)
+    return sampled(cmd, env, cwd)
+
+
+def sampled(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[float, dict[str, float], str]:
+    """Wall seconds, memory figures in MB and stdout of a command, started as the machine is.
 
     The process tree is sampled every 20 ms: `peak_rss_mb` is the largest resident set of one process
     (what GNU time's %M reports), `peak_anon_mb` the largest sum of anonymous memory over the tree
     (heap and buffers: what a model's size could make grow), `peak_file_mb` the largest sum of
     file-backed resident pages (mapped files, which the kernel can drop and re-read).
     """
-    settle(warm)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     peak = {"rss": 0, "anon": 0, "file": 0}
