@@ -100,7 +100,13 @@ def _native_kernel() -> ctypes.CDLL | None:
     spec = importlib.util.find_spec(f"{__name__}._native")
     if spec is None or spec.origin is None:
         return None
-    lib = ctypes.CDLL(spec.origin)
+    return load_kernels(spec.origin)
+
+
+def load_kernels(path: str) -> ctypes.CDLL:
+    """A build of `_native.c` with its entry points' signatures declared (the installed one, or one the tests and
+    benchmarks build for a single target)."""
+    lib = ctypes.CDLL(path)
     for name in _KERNELS.values():
         getattr(lib, name).restype = ctypes.c_int64
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]

@@ -80,7 +80,12 @@ def test_the_file_is_llama_cpps_format(calibrated: dict[str, Path]) -> None:
     assert layout(reader) == layout(gguf.GGUFReader(calibrated["llama"]))
 
 
-@pytest.mark.parametrize("file_type", ["Q4_K_M", "Q3_K_S", "IQ4_XS", "IQ2_M"])
+#: Every K-quant mix (mreg's kernels write their base types) and two IQ types (llama.cpp's encoder).
+IMATRIX_FILE_TYPES = ["Q6_K", "Q5_K_M", "Q5_K_S", "Q4_K_M", "Q4_K_S", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K", "Q2_K_S",
+                      "IQ4_XS", "IQ2_M"]
+
+
+@pytest.mark.parametrize("file_type", IMATRIX_FILE_TYPES)
 @pytest.mark.slow
 def test_bytes_equal_llama_quantize_with_the_same_imatrix(file_type: str, calibrated: dict[str, Path],
                                                            native: dict[str, Path], tmp_path: Path) -> None:

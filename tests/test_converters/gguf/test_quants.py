@@ -6,13 +6,14 @@ import ctypes
 import importlib.util
 import platform
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from support import near_ties
+from support.near_ties import build_one_target
 
 from converters.gguf.converter import write
 from converters.gguf.file import GGML_TYPES
@@ -374,7 +375,7 @@ def test_native_half_conversion_rounds_as_numpy_does() -> None:
 
 
 #: The file types whose tensors mreg's kernels write (a mix's other types by llama.cpp's encoder).
-NATIVE_FILE_TYPES = ["Q8_0", "Q6_K", "Q5_K_S", "Q5_K_M", "Q4_K_S", "Q4_K_M", "Q3_K_M", "Q3_K_L", "Q2_K"]
+NATIVE_FILE_TYPES = ["Q8_0", "Q6_K", "Q5_K_S", "Q5_K_M", "Q4_K_S", "Q4_K_M", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q2_K"]
 
 
 @pytest.mark.usefixtures("native")
@@ -533,18 +534,7 @@ def test_native_kernels_of_every_clone_write_llamas_bytes(target: str, tmp_path:
     flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").is_file() else set()
     if cc is None or platform.machine() != "x86_64" or (target == "avx2" and "avx2" not in flags):
         pytest.skip(f"needs a C compiler and an x86-64 CPU that runs {target} code")
-    built = tmp_path / f"native-{target}.so"
-    source = Path(gguf_quants.__file__).with_name("_native.c")
-    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-g0", "-ffp-contract=off", "-fno-math-errno", "-w",
-                    f'-DMREG_ONE_TARGET="{target}"', str(source), "-o", str(built)], check=True)
-    lib = ctypes.CDLL(str(built))
-    for name in gguf_quants._KERNELS.values():
-        getattr(lib, name).restype = ctypes.c_int64
-        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    for name in gguf_quants._WEIGHTED_KERNELS.values():
-        getattr(lib, name).restype = ctypes.c_int64
-        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                       ctypes.c_int64, ctypes.c_int64]
+    lib = build_one_target(tmp_path / f"native-{target}.so", target)
     monkeypatch.setattr(gguf_quants, "_native_kernel", lambda: lib)
     hostile = _hostile_k()
     rows = {**_many_rows(), "hostile": np.resize(hostile, (-(-hostile.size // 4096), 4096))}
@@ -557,6 +547,20 @@ def test_native_kernels_of_every_clone_write_llamas_bytes(target: str, tmp_path:
                     ours, theirs = quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w)
                 bad = np.nonzero((ours.reshape(-1, size) != theirs.reshape(-1, size)).any(axis=1))[0]
                 assert bad.size == 0, f"{target} {qtype} on {name} (weighted: {w is not None}): blocks {bad[:5]} differ"
+
+
+@pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("case", near_ties.CASES, ids=lambda c: f"{c[0]}-{c[2]}-{c[3]}")
+def test_native_k_quant_is_byte_identical_to_ggml_on_near_ties(case: tuple[str, bool, int, int, str]) -> None:
+    """Rows where two candidates of a scale search are within a unit in the last place, found by a search
+    (tests/support/near_ties.py) against a kernel with one reordering: each row caught it."""
+    qtype, weighted, seed, row, catches = case
+    x, w = near_ties.rows(seed)
+    weights = w if weighted else None
+    with np.errstate(all="ignore"):
+        ours, theirs = quantize(x[row:row + 1], qtype, use="native", importance=weights), ggml_quantize(
+            x[row:row + 1], qtype, weights)
+    assert ours.tobytes() == theirs.tobytes(), f"{qtype} row {row} of seed {seed} (against {catches}) differs"
 
 
 def _importances(ncols: int) -> dict[str, np.ndarray[Any, Any]]:
