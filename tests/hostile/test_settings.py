@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -347,8 +348,11 @@ def test_an_interrupt_while_waiting_flips_back(sig: str, on_one: World) -> None:
     the alias goes back (SIGTERM ended the process with the flip standing)."""
     mreg = Path(sys.executable).parent / "mreg"
     argv = [str(mreg)] if mreg.exists() else [sys.executable, "-c", "from registry.cli import run; run()"]
+    # A suite started in the background by a non-interactive shell inherits SIGINT ignored, as POSIX has it: the
+    # child gets the default back, as under a terminal or a CI job.
     p = subprocess.run([*argv, "promote", "m@2", "--ready-cmd", f"kill -{sig} $PPID; sleep 5", "--ready-timeout",
-                        "30", "--json"], capture_output=True, text=True, timeout=60, env={**os.environ})
+                        "30", "--json"], capture_output=True, text=True, timeout=60, env={**os.environ},
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert p.returncode == 10, p.stderr + p.stdout
     assert "Traceback" not in p.stderr
     assert "interrupted" in json.loads(p.stdout)["error"]["message"]
