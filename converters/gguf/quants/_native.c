@@ -965,11 +965,13 @@ int64_t mreg_quantize_q2_k_w(const float *x, uint8_t *y, int64_t nblocks, const 
  * 5 sweeps over its 16 values, each value's best quant given the others' sums, a change kept when it lowers the
  * error, so every kept change moves the sums the next value sees. One value at a time in lanes, that is a chain of
  * divisions per sub-block, and the slowest of 16 lanes sets the pace (measured 1.8x slower than llama.cpp's scalar
- * loop, whose branch predictor runs ahead on the usual "no change"). Here a sub-block's 16 values are one vector:
- * each pass evaluates all of them against the sums as they stand, independently, and keeps only the first change
- * at or after the sweep's place. The values before it saw the same sums in the reference; those after it are
- * evaluated again in the next pass, against the new sums. A sweep ends at a pass with nothing to keep. So a
- * sub-block costs a pass per kept change and per sweep (on normal weights 0.43 changes and 1.26 sweeps). */
+ * loop, whose branch predictor runs ahead on the usual "no change"). Here the first quants, their sums and the first
+ * sweep's first pass run in lanes, a sub-block a lane; most sub-blocks have nothing to change there and are done.
+ * The others sweep alone, their 16 values one vector: each pass evaluates all of them against the sums as they
+ * stand, independently, and keeps only the first change at or after the sweep's place. The values before it saw the
+ * same sums in the reference; those after it are evaluated again in the next pass, against the new sums. A sweep
+ * ends at a pass with nothing to keep. So such a sub-block costs a pass per kept change and per sweep (on normal
+ * weights 0.43 changes and 1.26 sweeps a sub-block). */
 
 #define Q3_K_BYTES 110
 
