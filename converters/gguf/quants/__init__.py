@@ -147,10 +147,12 @@ def native_available() -> bool:
 
 
 def _native_pays(qtype: str) -> bool:
-    """Whether mreg's kernel for `qtype` beats llama.cpp's encoder on this CPU: Q8_0's everywhere; the K-quants'
-    (16 vector lanes of 4 bytes) only with 32-byte vectors or wider (AVX2, AVX-512), not in their SSE clone."""
+    """Whether mreg's kernel for `qtype` is the fastest encoder here: Q8_0's everywhere; the K-quants' (16 vector
+    lanes of 4 bytes) with 32-byte vectors or wider (AVX2, AVX-512), and in their SSE clone only where llama.cpp's
+    encoder (faster than it) is not installed (numpy's is slower)."""
     lib = _native_kernel()
-    return lib is not None and (qtype == "Q8_0" or int(lib.mreg_vector_bytes()) >= 32)
+    return lib is not None and (qtype == "Q8_0" or int(lib.mreg_vector_bytes()) >= 32
+                                or _ggml_quantize_chunk() is None)
 
 
 def _quantize_native(lib: ctypes.CDLL, rows: Floats, qtype: str, importance: Floats | None) -> Bytes:

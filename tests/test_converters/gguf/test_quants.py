@@ -301,7 +301,8 @@ def test_native_kernel_is_built_where_a_compiler_is() -> None:
 @pytest.mark.usefixtures("native")
 def test_native_k_quants_are_chosen_only_where_their_vectors_are(monkeypatch: pytest.MonkeyPatch) -> None:
     """The K-quant kernels' 16 lanes pay with 32-byte vectors or wider (their SSE clone ran slower than llama.cpp's
-    scalar encoders): on such a CPU `backend` picks llama.cpp's encoder for them, and still mreg's Q8_0."""
+    scalar encoders): on such a CPU `backend` picks llama.cpp's encoder for them, and still mreg's Q8_0; without
+    llama.cpp's encoder, mreg's SSE clone (faster than numpy's)."""
     from converters.gguf import quants as gguf_quants
 
     lib = gguf_quants._native_kernel()
@@ -312,6 +313,10 @@ def test_native_k_quants_are_chosen_only_where_their_vectors_are(monkeypatch: py
         monkeypatch.setattr(lib, "mreg_vector_bytes", lambda w=width: w)
         assert [gguf_quants.backend(t) for t in ("Q8_0", "Q4_K", "Q3_K")] == ["native", k_quants, k_quants]
         assert gguf_quants.backend("Q6_K", weighted=True) == k_quants
+    monkeypatch.setattr(lib, "mreg_vector_bytes", lambda: 16)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(gguf_quants, "_ggml_quantize_chunk", lambda: None)
+        assert [gguf_quants.backend(t) for t in ("Q8_0", "Q4_K", "Q3_K")] == ["native"] * 3
 
 
 @pytest.mark.usefixtures("native")
