@@ -47,7 +47,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.target:
         sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-        from support.near_ties import build_one_target
+        from support.kernel_builds import build_one_target
 
         lib = build_one_target(Path(tempfile.mkdtemp()) / "kernels.so", args.target)
         quants._native_kernel = lambda: lib  # type: ignore[assignment]

@@ -9,7 +9,7 @@ bytes on them.
 
 Search (a C compiler; each build ~10 s):
 
-    python tests/support/near_ties.py QTYPE 'ORIGINAL' 'MUTATED' [--weighted] [--seeds 0:200]
+    cd tests && python -m support.near_ties QTYPE 'ORIGINAL' 'MUTATED' [--weighted] [--seeds 0:200]
 
 builds `_native.c` alone for this CPU twice, the second with ORIGINAL replaced by MUTATED (it must occur
 once), encodes each seed's rows with both and prints the seeds and rows whose bytes differ.
@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from converters.gguf.quants import BLOCK
+from support.kernel_builds import SOURCE, build_one_target
+
 ROWS, COLS = 256, 4096
-SOURCE = Path(__file__).resolve().parents[2] / "converters" / "gguf" / "quants" / "_native.c"
-BYTES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+#: The K-quants, whose kernels have a weighted entry point too.
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 #: (type, weighted, seed, row, what it catches): rows the search found, each against the mutation named (found on
 #: 2026-12-04 with `--seeds 0:2400` for Q3_K, `--seeds 0:600` for Q4_K).
@@ -63,24 +65,11 @@ def rows(seed: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     return x.reshape(ROWS, COLS), weights
 
 
-def build_one_target(out: Path, target: str, text: str | None = None) -> ctypes.CDLL:
-    """`_native.c` (or `text`, a variant of it) built alone for one clone's target ("avx2", "default": what the
-    resolver would run on a CPU with only that; "native": this CPU's every extension, -march=native), loaded."""
-    from converters.gguf.quants import load_kernels
-
-    src = out.with_suffix(".c")
-    src.write_text(SOURCE.read_text() if text is None else text)
-    one = ["-march=native", '-DMREG_ONE_TARGET="default"'] if target == "native" else [f'-DMREG_ONE_TARGET="{target}"']
-    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-g0", "-ffp-contract=off", "-fno-math-errno", "-w", *one,
-                    str(src), "-o", str(out)], check=True)
-    return load_kernels(str(out))
-
-
 def encode(lib: ctypes.CDLL, qtype: str, x: np.ndarray[Any, Any],
            w: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
     """Rows of `x` encoded by one build's kernel for `qtype` (with importance weights `w`), one row of bytes each."""
     nb = x.size // 256
-    y = np.zeros(nb * BYTES[qtype], np.uint8)
+    y = np.zeros(nb * BLOCK[qtype][1], np.uint8)
     name = f"mreg_quantize_{qtype.lower()}" + ("_w" if w is not None else "")
     if w is None:
         getattr(lib, name)(x.ctypes.data, y.ctypes.data, nb)
@@ -91,7 +80,7 @@ def encode(lib: ctypes.CDLL, qtype: str, x: np.ndarray[Any, Any],
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("qtype", choices=sorted(BYTES))
+    parser.add_argument("qtype", choices=K_QUANTS)
     parser.add_argument("original")
     parser.add_argument("mutated")
     parser.add_argument("--weighted", action="store_true")

@@ -231,7 +231,6 @@ V_COMPARE(v_eq, vf, vf_half, ==)
 V_COMPARE(v_ne, vf, vf_half, !=)
 V_COMPARE(v_lti, vi, vi_half, <)
 V_COMPARE(v_gti, vi, vi_half, >)
-V_COMPARE(v_eqi, vi, vi_half, ==)
 V_COMPARE(v_nei, vi, vi_half, !=)
 V_COMPARE(v_gei, vi, vi_half, >=)
 
@@ -247,6 +246,24 @@ INLINE vi v_clamp(vi l, int32_t lo, int32_t hi) {
 INLINE vf v_float(vi l) { return __builtin_convertvector(l, vf); }
 
 INLINE vf v_abs(vf v) { return (vf)((vi)v & 0x7fffffff); }
+
+/* Each lane's correctly rounded square root (sqrtf is the instruction: -fno-math-errno). */
+INLINE vf v_sqrt(vf t) {
+    vf root;
+    for (int s = 0; s < LANES; s++) {
+        root[s] = sqrtf(t[s]);
+    }
+    return root;
+}
+
+/* The sum of a super-block's squares, in order (the reference's sigma2 starts from it). */
+INLINE float sum_squares(const float *x) {
+    float sum = 0;
+    for (int j = 0; j < QK_K; ++j) {
+        sum += x[j] * x[j];
+    }
+    return sum;
+}
 
 /* Lane s of out[i] = x[n * s + i]: sub-block s's element i, for n elements a sub-block. */
 INLINE void to_lanes(const float *x, int n, vf *out) {
@@ -688,23 +705,14 @@ INLINE void kx_weights_imatrix(const float *a, const float *b, const vf *x, cons
     float sigma2[2];
     const float *blocks[2] = {a, b};
     for (int k = 0; k < 2; k++) {
-        float sum_x2 = 0;
-        for (int l = 0; l < QK_K; ++l) {
-            sum_x2 += blocks[k][l] * blocks[k][l];
-        }
-        sigma2[k] = 2 * sum_x2 / QK_K;
+        sigma2[k] = 2 * sum_squares(blocks[k]) / QK_K;
     }
     vf sig, sum = {0};
     for (int s = 0; s < LANES; s++) {
         sig[s] = sigma2[s / 8];
     }
     for (int i = 0; i < 32; i++) {
-        const vf t = sig + x[i] * x[i];
-        vf root;
-        for (int s = 0; s < LANES; s++) {
-            root[s] = sqrtf(t[s]);
-        }
-        w[i] = qw[i] * root;
+        w[i] = qw[i] * v_sqrt(sig + x[i] * x[i]);
         sum = sum + w[i];
     }
     memcpy(sw, &sum, LANES * sizeof(float));
@@ -818,26 +826,24 @@ int64_t mreg_quantize_q5_k_w(const float *x, uint8_t *y, int64_t nblocks, const 
     return kx_quantize(x, y, nblocks, qw, row_blocks, first, 31, -0.5f, 15, Q5_K_BYTES);
 }
 
+/* The weights of 16 sub-blocks of 16, one a lane, as quantize_row_q2_K_impl and q3_K_impl make them:
+ * qw * sqrt(sigma2 + x * x), qw the super-block's 256 importance weights. Returns each sub-block's sum of them. */
+INLINE vf sub_block_weights(const vf *x, const float *qwb, float sigma2, vf *w) {
+    vf qw[16], sum = {0};
+    to_lanes(qwb, 16, qw);
+    for (int i = 0; i < 16; i++) {
+        w[i] = qw[i] * v_sqrt(v_splat(sigma2) + x[i] * x[i]);
+        sum = sum + w[i];
+    }
+    return sum;
+}
+
 /* Q2_K's scales and mins with importance weights qw (quantize_row_q2_K_impl): the sub-blocks' make_qkx3_quants
  * under qw * sqrt(sigma2 + x * x), then make_qp_quants' 4-bit quants of the scales and mins. The header into y;
  * each sub-block's scale and min into d and dm; -1 where they overflow half precision (nothing written then). */
 INLINE int q2_k_weighted(const float *xb, const float *qwb, const vf *x, vi *L, uint8_t *y, float *d, float *dm) {
-    float sumx2 = 0;
-    for (int j = 0; j < QK_K; ++j) {
-        sumx2 += xb[j] * xb[j];
-    }
-    const vf sigma2 = v_splat(sumx2 / QK_K);
-    vf qw[16], w[16], sum = {0}, the_min;
-    to_lanes(qwb, 16, qw);
-    for (int i = 0; i < 16; i++) {
-        const vf t = sigma2 + x[i] * x[i];
-        vf root;
-        for (int s = 0; s < LANES; s++) {
-            root[s] = sqrtf(t[s]);
-        }
-        w[i] = qw[i] * root;
-        sum = sum + w[i];
-    }
+    vf w[16], the_min;
+    const vf sum = sub_block_weights(x, qwb, sum_squares(xb) / QK_K, w);
     const vf found = kx_search(x, w, L, &the_min, 16, 3, -0.9f, 0.05f, 36, 0);
     float scales[LANES], mins[LANES], sw[LANES];
     memcpy(scales, &found, sizeof scales);
@@ -1045,8 +1051,8 @@ INLINE void q3_k_search(const float *xb, float *scales, uint8_t *q) {
         sumlx = sumlx + wx[i] * l;
         suml2 = suml2 + w[i] * l * l;
     }
-    vi change = v_lt(amax, v_splat(GROUP_MAX_EPS)); /* empty: no search (set here, cleared below) */
-    const vi empty = change;
+    const vi empty = v_lt(amax, v_splat(GROUP_MAX_EPS)); /* all zero: no search (its lanes computed, not read) */
+    vi change = v_splat_i(0);
     const vf sq = sumlx * sumlx;
     for (int i = 0; i < 16; i++) {
         const vf l = v_float(L[i]);
@@ -1056,7 +1062,6 @@ INLINE void q3_k_search(const float *xb, float *scales, uint8_t *q) {
         change = change | (v_gt(slx, zero) & v_gt(sl2_new, zero) & v_gt(slx_new * slx_new * suml2, sq * sl2_new)
                            & v_nei(nl, L[i]));
     }
-    change = change & ~empty;
     const vf scale = v_sel(v_gt(suml2, zero), sumlx / suml2, zero);
     for (int s = 0; s < LANES; s++) {
         if (empty[s]) {
@@ -1150,24 +1155,10 @@ INLINE int q3_k_block(const float *xb, const float *qw, uint8_t *y) {
     int ls[16];
     uint16_t hd;
     if (qw) { /* 16 sub-blocks of 16 one a lane */
-        vf x[16], qv[16], w[16], sum = {0};
+        vf x[16], w[16];
         vi L[16];
         to_lanes(xb, 16, x);
-        to_lanes(qw, 16, qv);
-        float sumx2 = 0;
-        for (int j = 0; j < QK_K; ++j) {
-            sumx2 += xb[j] * xb[j];
-        }
-        const vf sigma2 = v_splat(2 * sumx2 / QK_K);
-        for (int i = 0; i < 16; i++) {
-            const vf t = sigma2 + x[i] * x[i];
-            vf root;
-            for (int s = 0; s < LANES; s++) {
-                root[s] = sqrtf(t[s]);
-            }
-            w[i] = qv[i] * root;
-            sum = sum + w[i];
-        }
+        const vf sum = sub_block_weights(x, qw, 2 * sum_squares(xb) / QK_K, w);
         const vf found = qx_search(x, w, L, 4);
         memcpy(scales, &found, sizeof scales);
         for (int i = 0; i < 16; i++) {

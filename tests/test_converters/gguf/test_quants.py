@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support import near_ties
-from support.near_ties import build_one_target
+from support.kernel_builds import build_one_target
 
 from converters.gguf.converter import write
 from converters.gguf.file import GGML_TYPES
@@ -306,7 +306,7 @@ def test_native_k_quants_are_chosen_only_where_their_vectors_are(monkeypatch: py
     from converters.gguf import quants as gguf_quants
 
     lib = gguf_quants._native_kernel()
-    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").is_file() else set()
+    flags = _cpu_flags()
     here = lib.mreg_vector_bytes()
     assert here == (64 if "avx512f" in flags else 32 if "avx2" in flags else 16) or not flags
     for width, k_quants in ((16, "ggml"), (32, "native"), (64, "native")):
@@ -465,15 +465,33 @@ def _hostile_k() -> np.ndarray[Any, Any]:
     return np.stack(blocks)
 
 
+def _blocks_differing(x: np.ndarray[Any, Any], qtype: str,
+                      weights: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
+    """The indices of the blocks mreg's kernel (with its hand-backs) writes otherwise than ggml_quantize_chunk."""
+    size = BLOCK[qtype][1]
+    with np.errstate(all="ignore"):
+        ours, theirs = quantize(x, qtype, use="native", importance=weights), ggml_quantize(x, qtype, weights)
+    return np.nonzero((ours.reshape(-1, size) != theirs.reshape(-1, size)).any(axis=1))[0]
+
+
+def _rows_and_hostile() -> dict[str, np.ndarray[Any, Any]]:
+    """_many_rows and the hostile blocks, repeated to fill rows of 4096 (as a weight per column needs)."""
+    hostile = _hostile_k()
+    return {**_many_rows(), "hostile": np.resize(hostile, (-(-hostile.size // 4096), 4096))}
+
+
+def _cpu_flags() -> set[str]:
+    """This CPU's flags (/proc/cpuinfo; empty where there is none)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    return set(cpuinfo.read_text().split()) if cpuinfo.is_file() else set()
+
+
 @pytest.mark.usefixtures("native")
 @pytest.mark.parametrize("qtype", NATIVE_K)
 def test_native_k_quant_is_byte_identical_to_ggml_on_random_rows(qtype: str) -> None:
-    size = BLOCK[qtype][1]
     for name, x in {**_datasets(), **_many_rows()}.items():
-        with np.errstate(all="ignore"):
-            ours, theirs = quantize(x, qtype, use="native"), ggml_quantize(x, qtype)
-        bad = np.nonzero((ours.reshape(-1, size) != theirs.reshape(-1, size)).any(axis=1))[0]
-        assert bad.size == 0, f"{qtype} on {name}: blocks {bad[:5]} of {ours.size // size} differ"
+        bad = _blocks_differing(x, qtype)
+        assert bad.size == 0, f"{qtype} on {name}: blocks {bad[:5]} of {x.size // BLOCK[qtype][0]} differ"
 
 
 @pytest.mark.usefixtures("native")
@@ -536,21 +554,15 @@ def test_native_kernels_of_every_clone_write_llamas_bytes(target: str, tmp_path:
     from converters.gguf import quants as gguf_quants
 
     cc = shutil.which("cc") or shutil.which("gcc")
-    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").is_file() else set()
-    if cc is None or platform.machine() != "x86_64" or (target == "avx2" and "avx2" not in flags):
+    if cc is None or platform.machine() != "x86_64" or (target == "avx2" and "avx2" not in _cpu_flags()):
         pytest.skip(f"needs a C compiler and an x86-64 CPU that runs {target} code")
     lib = build_one_target(tmp_path / f"native-{target}.so", target)
     monkeypatch.setattr(gguf_quants, "_native_kernel", lambda: lib)
-    hostile = _hostile_k()
-    rows = {**_many_rows(), "hostile": np.resize(hostile, (-(-hostile.size // 4096), 4096))}
-    weights = _importances(4096)["skewed"]
+    rows, weights = _rows_and_hostile(), _importances(4096)["skewed"]
     for qtype in NATIVE_TYPES:
-        size = BLOCK[qtype][1]
         for w in (None, weights) if qtype in gguf_quants._WEIGHTED_KERNELS else (None,):
             for name, x in rows.items():
-                with np.errstate(all="ignore"):
-                    ours, theirs = quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w)
-                bad = np.nonzero((ours.reshape(-1, size) != theirs.reshape(-1, size)).any(axis=1))[0]
+                bad = _blocks_differing(x, qtype, w)
                 assert bad.size == 0, f"{target} {qtype} on {name} (weighted: {w is not None}): blocks {bad[:5]} differ"
 
 
@@ -589,15 +601,11 @@ def test_native_k_quant_with_an_imatrix_is_byte_identical_to_ggml(qtype: str) ->
     from converters.gguf import quants as gguf_quants
 
     assert gguf_quants.backend(qtype, weighted=True) == "native"
-    size = BLOCK[qtype][1]
-    hostile = _hostile_k()
-    rows = {**_many_rows(), "hostile": np.resize(hostile, (-(-hostile.size // 4096), 4096))}  # (repeated to fill)
     for wname, w in _importances(4096).items():
-        for name, x in rows.items():
-            with np.errstate(all="ignore"):
-                ours, theirs = quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w)
-            bad = np.nonzero((ours.reshape(-1, size) != theirs.reshape(-1, size)).any(axis=1))[0]
-            assert bad.size == 0, f"{qtype} on {name} weighted {wname}: blocks {bad[:5]} of {ours.size // size} differ"
+        for name, x in _rows_and_hostile().items():
+            bad = _blocks_differing(x, qtype, w)
+            assert bad.size == 0, (f"{qtype} on {name} weighted {wname}: blocks {bad[:5]} of "
+                                   f"{x.size // BLOCK[qtype][0]} differ")
 
 
 @pytest.mark.usefixtures("native")
@@ -639,7 +647,6 @@ def test_native_k_quant_is_byte_identical_to_ggml_on_trained_weights(qtype: str)
     from converters.gguf import quants as gguf_quants
 
     weights = load_file(str(package.get_model_path() / "model.safetensors"))
-    size = BLOCK[qtype][1]
     names = ["embeddings.word_embeddings.weight", "encoder.layer.0.intermediate.dense.weight",
              "encoder.layer.5.output.dense.weight", "encoder.layer.3.attention.self.query.weight"]
     importance = (np.random.default_rng(37).random(3072) ** 6 * 40).astype(np.float32)
@@ -647,6 +654,5 @@ def test_native_k_quant_is_byte_identical_to_ggml_on_trained_weights(qtype: str)
         flat = weights[name].reshape(-1)
         x = flat[:flat.size // 3072 * 3072].reshape(-1, 3072)
         for w in (None, importance) if qtype in gguf_quants._WEIGHTED_KERNELS else (None,):
-            ours, theirs = quantize(x, qtype, use="native", importance=w), ggml_quantize(x, qtype, w)
-            bad = np.nonzero((ours.reshape(-1, size) != theirs.reshape(-1, size)).any(axis=1))[0]
+            bad = _blocks_differing(x, qtype, w)
             assert bad.size == 0, f"{qtype} of {name} ({'weighted' if w is not None else 'unweighted'}): {bad[:5]}"
